@@ -1,0 +1,1 @@
+"""Tandem's desktop app: a PySide6 skin over the engine."""

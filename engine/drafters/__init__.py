@@ -1,0 +1,1 @@
+"""Drafters propose tokens for the target to verify; see `base.Drafter`."""

@@ -1,0 +1,59 @@
+"""What a generation yields: the one streaming API that the terminal chat, the bench and
+the desktop app all consume."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from .stats import GenerationStats
+
+
+class Provenance(str, Enum):
+    """Who produced a token."""
+
+    DRAFT = "draft"  # proposed by the drafter and accepted by the target's verification
+    TARGET = "target"  # produced by the target after it rejected a draft token (or in `ar`)
+    BONUS = "bonus"  # the target's extra token after it accepted every draft token
+
+
+@dataclass(frozen=True)
+class PromptPrepared:
+    """First event of every generation: how the conversation was turned into a prompt."""
+
+    prompt_tokens: int
+    dropped_turns: int  # oldest messages left out because the history exceeded the context
+    context_length: int
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """New text, and the tokens that produced it with their provenance.
+
+    `text` may be empty when a token completes no printable character yet (a partial UTF-8
+    sequence); its text arrives with a later delta.
+    """
+
+    text: str
+    token_ids: tuple[int, ...]
+    provenance: tuple[Provenance, ...]
+
+
+@dataclass(frozen=True)
+class StatsUpdate:
+    stats: GenerationStats
+
+
+@dataclass(frozen=True)
+class Finished:
+    """Last event: the whole reply and its final figures."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    provenance: tuple[Provenance, ...]
+    stats: GenerationStats
+    stop_reason: str  # "eos" | "length" | "stopped"
+    dropped_turns: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+Event = PromptPrepared | TextDelta | StatsUpdate | Finished
