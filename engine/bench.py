@@ -1,0 +1,254 @@
+"""`tandem bench`: speed and acceptance of every decoding method on one pair, in one run.
+
+Methods are interleaved per prompt after a warm-up, so drift of the machine (heat, other
+processes) hits all of them alike, and every ratio compares numbers taken in the same run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import torch
+import transformers
+
+from .chat_prompt import Message, build_prompt
+from .config import ConfigError, DecodeSettings
+from .events import Finished
+from .session import LoadedPair
+from .stats import GenerationStats
+
+ENGINE_METHODS = ("ar", "chain")
+PEER_METHODS = ("hf-assisted",)
+ALL_METHODS = ENGINE_METHODS + PEER_METHODS
+DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "resources" / "prompts" / "chat_prompts.jsonl"
+
+
+@dataclass
+class RunRecord:
+    """One method on one prompt."""
+
+    prompt_index: int
+    token_ids: tuple[int, ...]
+    seconds: float
+    stats: GenerationStats | None  # None for peers that do not report acceptance
+
+
+@dataclass
+class MethodResult:
+    method: str
+    runs: list[RunRecord] = field(default_factory=list)
+    peak_rss_mb: float = 0.0
+
+    def summary(self, reference: MethodResult | None) -> dict:
+        tokens = sum(len(run.token_ids) for run in self.runs)
+        seconds = sum(run.seconds for run in self.runs)
+        with_stats = [run.stats for run in self.runs if run.stats is not None]
+        proposed = sum(s.draft_tokens_proposed for s in with_stats)
+        accepted = sum(s.draft_tokens_accepted for s in with_stats)
+        target_calls = sum(s.target_calls for s in with_stats)
+        tokens_per_s = tokens / seconds if seconds > 0 else 0.0
+        summary = {
+            "method": self.method,
+            "tokens": tokens,
+            "seconds": seconds,
+            "tokens_per_s": tokens_per_s,
+            "speedup_vs_ar": None,
+            "acceptance_rate": accepted / proposed if proposed else None,
+            "mean_accepted_per_target_call": tokens / target_calls if with_stats and target_calls else None,
+            "target_calls_per_token": target_calls / tokens if with_stats and tokens else None,
+            "exact_match_vs_ar": None,
+            "peak_rss_mb": self.peak_rss_mb,
+            "per_prompt": [
+                {
+                    "prompt_index": run.prompt_index,
+                    "tokens": len(run.token_ids),
+                    "seconds": run.seconds,
+                    "tokens_per_s": len(run.token_ids) / run.seconds if run.seconds > 0 else 0.0,
+                    "acceptance_rate": run.stats.acceptance_rate if run.stats else None,
+                }
+                for run in self.runs
+            ],
+        }
+        if reference is not None and reference.runs:
+            reference_speed = reference.summary(None)["tokens_per_s"]
+            summary["speedup_vs_ar"] = tokens_per_s / reference_speed if reference_speed else None
+            expected = {run.prompt_index: run.token_ids for run in reference.runs}
+            matches = [run.token_ids == expected.get(run.prompt_index) for run in self.runs]
+            summary["exact_match_vs_ar"] = sum(matches) / len(matches) if matches else None
+        return summary
+
+
+def read_prompts(path: Path) -> list[str]:
+    prompts = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise ConfigError(f"cannot read prompts file {path}: {error.strerror}") from error
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            prompts.append(str(json.loads(line)["prompt"]))
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise ConfigError(f"{path}:{number}: expected a JSON object with a \"prompt\" key") from error
+    if not prompts:
+        raise ConfigError(f"{path} holds no prompts")
+    return prompts
+
+
+def parse_methods(text: str, available: tuple[str, ...]) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if names == ["all"]:
+        return list(available)
+    unknown = [name for name in names if name not in available]
+    if unknown:
+        raise ConfigError(f"unknown method {unknown[0]!r}; available: {', '.join(available)}, or all")
+    if not names:
+        raise ConfigError("no method given")
+    return names
+
+
+class Bench:
+    def __init__(self, pair: LoadedPair, settings: DecodeSettings):
+        self.pair = pair
+        self.settings = settings
+
+    def run(self, prompts: list[str], methods: list[str], progress: Callable[[str], None] = print) -> dict:
+        runners = {method: self._runner(method) for method in methods}
+        progress("warming up…")
+        for method in methods:
+            runners[method](prompts[0], max_new_tokens=8)
+        results = {method: MethodResult(method) for method in methods}
+        for index, prompt in enumerate(prompts):
+            # Rotate the order per prompt: no method always runs first (or right after another).
+            order = methods[index % len(methods) :] + methods[: index % len(methods)]
+            for method in order:
+                with _peak_rss() as peak:
+                    token_ids, seconds, stats = runners[method](prompt, self.settings.max_new_tokens)
+                results[method].runs.append(RunRecord(index, token_ids, seconds, stats))
+                results[method].peak_rss_mb = max(results[method].peak_rss_mb, peak())
+                progress(f"prompt {index + 1}/{len(prompts)} {method:>12}: {len(token_ids) / seconds:6.1f} tok/s")
+        reference = results.get("ar")
+        return {
+            "machine": machine_description(self.pair),
+            "pair": self.pair.describe(),
+            "settings": self.settings.to_dict() | {"prompts": len(prompts)},
+            "results": [results[method].summary(reference) for method in methods],
+        }
+
+    def _runner(self, method: str) -> Callable[..., tuple[tuple[int, ...], float, GenerationStats | None]]:
+        if method in ENGINE_METHODS:
+            return lambda prompt, max_new_tokens: self._run_engine(method, prompt, max_new_tokens)
+        return self._run_hf_assisted
+
+    def _run_engine(self, method: str, prompt: str, max_new_tokens: int):
+        self.pair.reset_caches()  # no method may reuse another's prefill of the same prompt
+        settings = self.settings.with_changes(method=method, max_new_tokens=max_new_tokens, stats_every_s=1e9)
+        started = time.perf_counter()
+        finished = None
+        for event in self.pair.generate([Message("user", prompt)], settings):
+            if isinstance(event, Finished):
+                finished = event
+        seconds = time.perf_counter() - started
+        return finished.token_ids, seconds, finished.stats
+
+    def _run_hf_assisted(self, prompt: str, max_new_tokens: int):
+        """The peer: transformers' own generate() on the same target weights, with the same
+        kind of drafter (its prompt-lookup for the n-gram pair, the draft model otherwise)."""
+        pair, settings = self.pair, self.settings
+        prompt_ids = build_prompt(pair.tokenizer, [Message("user", prompt)], None, pair.context_length).token_ids
+        input_ids = torch.tensor([prompt_ids], device=pair.target.device)
+        options: dict = {"max_new_tokens": max_new_tokens, "eos_token_id": sorted(pair.stop_token_ids)}
+        options["pad_token_id"] = options["eos_token_id"][0]
+        if pair.draft is not None:
+            options["assistant_model"] = pair.draft.model
+        else:
+            options["prompt_lookup_num_tokens"] = settings.draft_tokens
+        if settings.greedy:
+            options["do_sample"] = False
+        else:
+            options.update(do_sample=True, temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k or None)
+        started = time.perf_counter()
+        with torch.inference_mode():
+            output = pair.target.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **options)
+        seconds = time.perf_counter() - started
+        new_tokens = output[0, len(prompt_ids) :].tolist()
+        # The engine does not emit the stop token; count and compare the same way.
+        for index, token in enumerate(new_tokens):
+            if token in pair.stop_token_ids:
+                new_tokens = new_tokens[:index]
+                break
+        return tuple(new_tokens), seconds, None
+
+
+@contextmanager
+def _peak_rss(interval_s: float = 0.05) -> Iterator[Callable[[], float]]:
+    """Sample this process's resident memory in the background; yields a reader of the peak."""
+    process = psutil.Process()
+    peak = [process.memory_info().rss]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(interval_s):
+            peak[0] = max(peak[0], process.memory_info().rss)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield lambda: peak[0] / 2**20
+    finally:
+        done.set()
+        sampler.join()
+        peak[0] = max(peak[0], process.memory_info().rss)
+
+
+def machine_description(pair: LoadedPair) -> dict:
+    device = pair.target.device
+    description = {
+        "platform": platform.platform(),
+        "processor": _cpu_name(),
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        description["gpu"] = torch.cuda.get_device_name(device)
+    return description
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def format_table(report: dict) -> str:
+    header = f"{'method':<12} {'tok/s':>7} {'vs ar':>6} {'accept':>7} {'tok/call':>8} {'calls/tok':>9} {'exact':>6} {'peak MB':>8}"
+    lines = [header, "-" * len(header)]
+
+    def show(value, pattern: str) -> str:
+        return pattern.format(value) if value is not None else "—"
+
+    for row in report["results"]:
+        lines.append(
+            f"{row['method']:<12} {row['tokens_per_s']:>7.1f} {show(row['speedup_vs_ar'], '{:.2f}x'):>6} "
+            f"{show(row['acceptance_rate'], '{:.3f}'):>7} {show(row['mean_accepted_per_target_call'], '{:.2f}'):>8} "
+            f"{show(row['target_calls_per_token'], '{:.3f}'):>9} {show(row['exact_match_vs_ar'], '{:.2f}'):>6} "
+            f"{row['peak_rss_mb']:>8.0f}"
+        )
+    return "\n".join(lines)

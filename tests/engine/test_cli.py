@@ -1,0 +1,59 @@
+"""The `tandem` command's headless subcommands, end to end on the demo target."""
+from __future__ import annotations
+
+import io
+import json
+
+from engine.cli import main
+from engine.session import load_pair
+from engine.config import demo_pair
+from engine.terminal_chat import TerminalChat
+from engine.config import DecodeSettings
+
+
+def test_bench_reports_every_method_with_ratios_from_one_run(tmp_path, demo_target_folder, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Name three colours."}\n{"prompt": "What is 2 + 2?"}\n', encoding="utf-8")
+    report_path = tmp_path / "report.json"
+    code = main(["bench", "--pair", "demo", "--precision", "fp32", "--prompts", str(prompts),
+                 "--max-new-tokens", "12", "--methods", "all", "--json", str(report_path)])
+    assert code == 0
+    report = json.loads(report_path.read_text())
+    rows = {row["method"]: row for row in report["results"]}
+    assert set(rows) == {"ar", "chain", "hf-assisted"}
+    assert rows["ar"]["speedup_vs_ar"] == 1.0
+    # fp32 kernels round the same for one token and for K+1: greedy output must match exactly.
+    assert rows["chain"]["exact_match_vs_ar"] == 1.0
+    assert rows["hf-assisted"]["exact_match_vs_ar"] == 1.0
+    assert rows["chain"]["mean_accepted_per_target_call"] >= 1.0
+    assert len(rows["chain"]["per_prompt"]) == 2
+    assert report["machine"]["cpu_cores"] >= 1
+    table = capsys.readouterr().out
+    assert "hf-assisted" in table and "tok/s" in table
+
+
+def test_bench_refuses_an_unknown_method(capsys):
+    assert main(["bench", "--methods", "ar,warp-drive"]) == 2
+    assert "unknown method 'warp-drive'" in capsys.readouterr().err
+
+
+def test_missing_model_file_is_a_clear_error(tmp_path, capsys):
+    assert main(["bench", "--target", str(tmp_path / "nope.gguf"), "--methods", "ar"]) == 2
+    assert "not found" in capsys.readouterr().err.lower()
+
+
+def test_unknown_pair_is_a_clear_error(capsys):
+    assert main(["chat", "--pair", "no-such-pair"]) == 2
+    assert "unknown pair 'no-such-pair'" in capsys.readouterr().err
+
+
+def test_terminal_chat_streams_a_reply_and_keeps_history(demo_target_folder):
+    pair = load_pair(demo_pair())
+    lines = iter(["What is the capital of France?", "/stats", "/quit"])
+    out = io.StringIO()
+    chat = TerminalChat(pair, DecodeSettings(max_new_tokens=16), None, read=lambda prompt: next(lines), out=out)
+    assert chat.run() == 0
+    text = out.getvalue()
+    assert "Paris" in text
+    assert "tok/s" in text  # the stats line
+    assert [m.role for m in chat.history] == ["user", "assistant"]

@@ -1,0 +1,132 @@
+"""The streaming API: event order, stopping, budgets, bad input; and one real generation
+with the demo target."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.chat_prompt import Message
+from engine.config import ConfigError, DecodeSettings, PairConfig, ModelSpec, demo_pair
+from engine.errors import ContextOverflowError, PromptError
+from engine.events import Finished, PromptPrepared, Provenance, StatsUpdate, TextDelta
+from engine.models import LoadedModel
+from engine.session import LoadedPair
+from tests.engine.tiny_models import tiny_llama
+
+WORDS = [f"w{i}" for i in range(60)]  # with 4 special tokens: a 64-token vocabulary
+TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<s>{% endif %}"
+)
+
+
+@pytest.fixture
+def tiny_pair(make_word_tokenizer):
+    tokenizer = make_word_tokenizer(WORDS, chat_template=TEMPLATE, eos_token="<pad>")
+    model = tiny_llama(seed=3, vocab_size=64)
+    loaded = LoadedModel(model, tokenizer, torch.device("cpu"), torch.float32, "fp32", "tiny", context_length=96)
+    pair = LoadedPair(PairConfig("tiny", ModelSpec("tiny")), loaded, None)
+    pair.stop_token_ids = frozenset()  # tests stop by budget, or pick their own stop token
+    return pair
+
+
+def run(generation) -> list:
+    return list(generation)
+
+
+def test_events_come_in_order_and_add_up(tiny_pair):
+    events = run(tiny_pair.generate([Message("user", "w1 w2 w3 w1 w2")], DecodeSettings(max_new_tokens=20)))
+    assert isinstance(events[0], PromptPrepared)
+    assert isinstance(events[-1], Finished)
+    assert isinstance(events[-2], StatsUpdate)
+    deltas = [e for e in events if isinstance(e, TextDelta)]
+    finished = events[-1]
+    assert tuple(t for d in deltas for t in d.token_ids) == finished.token_ids
+    assert tuple(p for d in deltas for p in d.provenance) == finished.provenance
+    assert "".join(d.text for d in deltas).strip() == finished.text.strip()
+    assert finished.stop_reason == "length"
+    assert len(finished.token_ids) == 20 == finished.stats.tokens_generated
+    assert finished.stats.target_calls == len(deltas)
+    assert finished.stats.time_to_first_token_s is not None
+
+
+def test_greedy_chain_equals_ar_through_the_session(tiny_pair):
+    outputs = {}
+    for method in ("ar", "chain"):
+        events = run(tiny_pair.generate([Message("user", "w5 w6 w7 w5 w6 w7")], DecodeSettings(method=method, max_new_tokens=30)))
+        outputs[method] = events[-1]
+    assert outputs["chain"].token_ids == outputs["ar"].token_ids
+    assert set(outputs["ar"].provenance) == {Provenance.TARGET}
+    assert outputs["ar"].stats.target_calls == 30
+
+
+def test_sampling_with_a_seed_is_reproducible(tiny_pair):
+    settings = DecodeSettings(temperature=0.9, top_p=0.95, max_new_tokens=25, seed=11)
+    first = run(tiny_pair.generate([Message("user", "w1 w2")], settings))[-1]
+    second = run(tiny_pair.generate([Message("user", "w1 w2")], settings))[-1]
+    assert first.token_ids == second.token_ids
+
+
+def test_stop_takes_effect_after_the_current_round(tiny_pair):
+    generation = tiny_pair.generate([Message("user", "w1 w2")], DecodeSettings(max_new_tokens=60))
+    deltas = 0
+    finished = None
+    for event in generation:
+        if isinstance(event, TextDelta):
+            deltas += 1
+            generation.stop()
+        if isinstance(event, Finished):
+            finished = event
+    assert deltas == 1
+    assert finished.stop_reason == "stopped"
+    assert 0 < len(finished.token_ids) < 60
+
+
+def test_stop_token_ends_the_reply_and_is_not_shown(tiny_pair):
+    # Make the target's greedy choice after the prompt a stop token.
+    first = run(tiny_pair.generate([Message("user", "w9")], DecodeSettings(method="ar", max_new_tokens=5)))[-1]
+    tiny_pair.stop_token_ids = frozenset({first.token_ids[2]})
+    finished = run(tiny_pair.generate([Message("user", "w9")], DecodeSettings(max_new_tokens=5)))[-1]
+    assert finished.stop_reason == "eos"
+    assert finished.token_ids == first.token_ids[:2]
+
+
+def test_empty_message_is_refused(tiny_pair):
+    with pytest.raises(PromptError):
+        run(tiny_pair.generate([Message("user", "   ")], DecodeSettings()))
+
+
+def test_message_longer_than_the_context_is_refused(tiny_pair):
+    with pytest.raises(ContextOverflowError):
+        run(tiny_pair.generate([Message("user", " ".join(WORDS[:50] * 2))], DecodeSettings(max_new_tokens=8)))
+
+
+def test_old_turns_are_dropped_and_reported(tiny_pair):
+    history = []
+    for turn in range(8):
+        history += [Message("user", " ".join(WORDS[turn : turn + 6])), Message("assistant", " ".join(WORDS[turn + 6 : turn + 12]))]
+    history.append(Message("user", "w1 w2"))
+    events = run(tiny_pair.generate(history, DecodeSettings(max_new_tokens=8)))
+    assert events[0].dropped_turns > 0
+    assert events[-1].dropped_turns == events[0].dropped_turns
+    assert events[0].prompt_tokens <= tiny_pair.context_length
+
+
+def test_generation_stops_at_the_end_of_the_context(tiny_pair):
+    finished = run(tiny_pair.generate([Message("user", " ".join(WORDS[:20]))], DecodeSettings(max_new_tokens=500)))[-1]
+    assert finished.stop_reason == "length"
+    assert finished.stats.prompt_tokens + len(finished.token_ids) <= tiny_pair.context_length
+
+
+def test_unknown_method_is_refused():
+    with pytest.raises(ConfigError, match="unknown method"):
+        DecodeSettings(method="magic")
+
+
+def test_demo_target_answers_a_real_question(demo_target):
+    pair = LoadedPair(demo_pair(), demo_target, None)
+    events = run(pair.generate([Message("user", "What is the capital of France?")], DecodeSettings(max_new_tokens=16)))
+    finished = events[-1]
+    assert "Paris" in finished.text
+    assert finished.stats.tokens_per_s > 0
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == finished.text
