@@ -12,7 +12,14 @@ PRECISIONS = ("auto", "int8", "bf16", "fp16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
 METHODS = ("ar", "chain")
 VERIFIERS = ("token", "block")
-NGRAM_DRAFT = "ngram"  # a pair's draft source that means "the n-gram prompt-lookup drafter"
+
+# What precision="auto" means. On the CPU, bf16 runs a forward faster than fp32, but its
+# kernels round a one-token forward differently from a K+1-token one, so greedy speculative
+# output drifts from greedy target-only output at near-ties (docs/BENCHMARKS.md has the
+# measurement). fp32 keeps the exactness promise; bf16 stays one click away.
+CPU_DEFAULT_PRECISION = "fp32"
+# On a GPU, memory is the scarce resource; int8 halves it at a small cost in quality.
+CUDA_DEFAULT_PRECISION = "int8"
 
 
 class ConfigError(ValueError):

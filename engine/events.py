@@ -29,13 +29,15 @@ class PromptPrepared:
 class TextDelta:
     """New text, and the tokens that produced it with their provenance.
 
-    `text` may be empty when a token completes no printable character yet (a partial UTF-8
-    sequence); its text arrives with a later delta.
+    `pieces[i]` is the text that token i completed, so "".join(pieces) == text. A piece is
+    empty when its token completes no printable character yet (part of a multi-byte
+    character); that text arrives with the token that completes it.
     """
 
     text: str
     token_ids: tuple[int, ...]
     provenance: tuple[Provenance, ...]
+    pieces: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -27,17 +27,12 @@ from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, R
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
 
-from .config import DEMO_TARGET, ModelSpec
+from .config import CPU_DEFAULT_PRECISION, CUDA_DEFAULT_PRECISION, DEMO_TARGET, ModelSpec
 from .errors import ModelLoadError, OutOfMemoryError
 from .paths import cache_dir
 
 ProgressCallback = Callable[[str, "float | None"], None]
 
-# Measured on the 2-core development CPU (AMD EPYC with AVX-512 BF16; the team's ENVIRONMENT.md
-# notes): the demo target generates 30 tok/s in bf16, 19 tok/s in fp32, ~18 tok/s in int8.
-CPU_DEFAULT_PRECISION = "bf16"
-# On a GPU, memory is the scarce resource; int8 halves it at a small cost in quality.
-CUDA_DEFAULT_PRECISION = "int8"
 MAX_CONTEXT_LENGTH = 8192
 # For configs that do not say how long a context they were trained for.
 FALLBACK_CONTEXT_LENGTH = 2048

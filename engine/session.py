@@ -160,7 +160,8 @@ class Generation:
             stats.elapsed_s = now - started
             if stats.time_to_first_token_s is None:
                 stats.time_to_first_token_s = now - started
-            yield TextDelta(detokenizer.add(tokens), tuple(tokens), tuple(kinds))
+            pieces = tuple(detokenizer.add([token]) for token in tokens)
+            yield TextDelta("".join(pieces), tuple(tokens), tuple(kinds), pieces)
             if hit_stop:
                 stop_reason = "eos"
                 break

@@ -194,8 +194,8 @@ def test_cached_repo_id_loads_offline(private_hub_cache, tiny_model_folder):
 # Precision and device
 
 
-def test_auto_precision_is_int8_on_cuda_and_bf16_on_cpu():
-    assert resolve_precision("auto", torch.device("cpu")) == CPU_DEFAULT_PRECISION == "bf16"
+def test_auto_precision_is_int8_on_cuda_and_fp32_on_cpu():
+    assert resolve_precision("auto", torch.device("cpu")) == CPU_DEFAULT_PRECISION == "fp32"
     assert resolve_precision("auto", torch.device("cuda")) == "int8"
     assert resolve_precision("fp16", torch.device("cpu")) == "fp16"
 

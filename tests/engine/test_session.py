@@ -44,6 +44,7 @@ def test_events_come_in_order_and_add_up(tiny_pair):
     assert tuple(t for d in deltas for t in d.token_ids) == finished.token_ids
     assert tuple(p for d in deltas for p in d.provenance) == finished.provenance
     assert "".join(d.text for d in deltas).strip() == finished.text.strip()
+    assert all(len(d.pieces) == len(d.token_ids) and "".join(d.pieces) == d.text for d in deltas)
     assert finished.stop_reason == "length"
     assert len(finished.token_ids) == 20 == finished.stats.tokens_generated
     assert finished.stats.target_calls == len(deltas)

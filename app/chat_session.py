@@ -1,0 +1,269 @@
+"""What happens in the chat pane: sending, streaming into the store and the view, stopping,
+regenerating, editing the last question, and the conversation's system prompt."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from PySide6.QtCore import QObject, Signal, Slot
+
+from engine.chat_prompt import Message
+from engine.config import DecodeSettings
+from engine.events import Finished, PromptPrepared, TextDelta
+
+from .chat_view import ChatPane
+from .error_text import error_text
+from .figures import reply_figures
+from .provenance import Runs, extend_runs, fit_runs, split_delta
+from .storage import COMPLETE, FAILED, STOPPED, STREAMING, ChatStore, StoredMessage
+from .worker import EngineClient
+
+NEW_TITLE = "New chat"
+TITLE_LENGTH = 48
+
+
+def title_from(text: str) -> str:
+    first_line = text.strip().splitlines()[0] if text.strip() else NEW_TITLE
+    return first_line if len(first_line) <= TITLE_LENGTH else first_line[: TITLE_LENGTH - 1].rstrip() + "…"
+
+
+@dataclass
+class Stream:
+    """The reply being written: where it goes and what has arrived."""
+
+    request_id: int
+    message_id: int
+    conversation_id: int
+    settings: DecodeSettings
+    verifier_label: str
+    text: str = ""
+    runs: Runs = field(default_factory=list)
+    note: str = ""
+
+
+class ChatController(QObject):
+    conversations_changed = Signal()  # titles or order changed: the list should refresh
+    reply_started = Signal(object, str)  # DecodeSettings, verifier label
+
+    def __init__(
+        self,
+        store: ChatStore,
+        client: EngineClient,
+        pane: ChatPane,
+        decode_settings: Callable[[], DecodeSettings],
+        parent: QObject | None = None,
+    ):
+        super().__init__(parent)
+        self.store = store
+        self.client = client
+        self.pane = pane
+        self._decode_settings = decode_settings
+        self.conversation_id: int | None = None
+        self.stream: Stream | None = None
+        self.editing: StoredMessage | None = None
+
+        pane.send_requested.connect(self.send)
+        pane.stop_requested.connect(self.stop)
+        pane.edit_cancelled.connect(self.cancel_edit)
+        pane.system_prompt_edited.connect(self.set_system_prompt)
+        pane.view.regenerate_requested.connect(self.regenerate)
+        pane.view.edit_requested.connect(self.start_edit)
+        client.prompt_prepared.connect(self._on_prompt_prepared)
+        client.text_delta.connect(self._on_text_delta)
+        client.finished.connect(self._on_finished)
+        client.errored.connect(self._on_errored)
+        client.busy_changed.connect(self.refresh_state)
+
+    # Conversations
+
+    def open_conversation(self, conversation_id: int | None) -> None:
+        self.cancel_edit()
+        conversation = self.store.conversation(conversation_id) if conversation_id is not None else None
+        self.conversation_id = conversation.id if conversation else None
+        if conversation is None:
+            self.pane.show_conversation(NEW_TITLE, "", [])
+        else:
+            self.pane.show_conversation(conversation.title, conversation.system_prompt, self.store.messages(conversation.id))
+            self.store.set_state("selected_conversation", str(conversation.id))
+        self.refresh_state()
+
+    def new_conversation(self) -> int:
+        conversation = self.store.create_conversation(NEW_TITLE)
+        self.open_conversation(conversation.id)
+        self.conversations_changed.emit()
+        return conversation.id
+
+    def rename(self, conversation_id: int, title: str) -> None:
+        self.store.rename_conversation(conversation_id, title)
+        if conversation_id == self.conversation_id:
+            self.pane.title.setText(title)
+        self.conversations_changed.emit()
+
+    def delete(self, conversation_id: int) -> None:
+        if self.stream is not None and self.stream.conversation_id == conversation_id:
+            self.client.stop()
+        self.store.delete_conversation(conversation_id)
+        if conversation_id == self.conversation_id:
+            remaining = self.store.list_conversations()
+            self.open_conversation(remaining[0].id if remaining else None)
+        self.conversations_changed.emit()
+
+    @Slot(str)
+    def set_system_prompt(self, text: str) -> None:
+        if self.conversation_id is None:
+            self.conversation_id = self.store.create_conversation(NEW_TITLE, text).id
+            self.store.set_state("selected_conversation", str(self.conversation_id))
+            self.conversations_changed.emit()
+        else:
+            self.store.set_system_prompt(self.conversation_id, text)
+
+    # Sending and replies
+
+    @Slot(str)
+    def send(self, text: str) -> None:
+        if not self.client.can_generate or not text.strip():
+            return
+        if self.conversation_id is None:
+            self.conversation_id = self.store.create_conversation(title_from(text)).id
+            self.store.set_state("selected_conversation", str(self.conversation_id))
+            self.pane.title.setText(title_from(text))
+        elif self.editing is not None:
+            self.store.delete_messages_from(self.editing)
+            self.pane.view.remove_messages_from(self.editing.id)
+            self.cancel_edit()
+        conversation = self.store.conversation(self.conversation_id)
+        if conversation.title == NEW_TITLE and not self.store.messages(conversation.id):
+            self.rename(conversation.id, title_from(text))
+        question = self.store.add_message(self.conversation_id, "user", text)
+        self.pane.view.add_message(question)
+        self.pane.input.clear()
+        self._start_reply()
+        self.conversations_changed.emit()
+
+    @Slot()
+    def regenerate(self) -> None:
+        if self.conversation_id is None or not self.client.can_generate:
+            return
+        messages = self.store.messages(self.conversation_id)
+        if not messages or messages[-1].role != "assistant":
+            return
+        self.store.delete_messages_from(messages[-1])
+        self.pane.view.remove_messages_from(messages[-1].id)
+        self._start_reply()
+
+    @Slot()
+    def stop(self) -> None:
+        self.client.stop()
+
+    @Slot(int)
+    def start_edit(self, message_id: int) -> None:
+        message = self.store.message(message_id)
+        if message is None or message.role != "user":
+            return
+        self.editing = message
+        self.pane.input.setPlainText(message.content)
+        self.pane.input.setFocus()
+        self.pane.edit_notice.setVisible(True)
+
+    @Slot()
+    def cancel_edit(self) -> None:
+        if self.editing is not None:
+            self.editing = None
+            self.pane.input.clear()
+        self.pane.edit_notice.setVisible(False)
+
+    def _start_reply(self) -> None:
+        conversation = self.store.conversation(self.conversation_id)
+        history = [
+            Message(m.role, m.content)
+            for m in self.store.messages(conversation.id)
+            if m.content.strip() and m.status != FAILED
+        ]
+        reply = self.store.add_message(conversation.id, "assistant", "", STREAMING)
+        self.pane.view.add_message(reply)
+        settings = self._decode_settings()
+        verifier_label = self.client.pair.verifier_label(settings.verifier) if self.client.pair else settings.verifier
+        request_id = self.client.generate(history, settings, conversation.system_prompt)
+        self.stream = Stream(request_id, reply.id, conversation.id, settings, verifier_label)
+        self.reply_started.emit(settings, verifier_label)
+        self.refresh_state()
+
+    def _stream_for(self, request_id: int) -> Stream | None:
+        return self.stream if self.stream is not None and self.stream.request_id == request_id else None
+
+    @Slot(int, object)
+    def _on_prompt_prepared(self, request_id: int, event: PromptPrepared) -> None:
+        stream = self._stream_for(request_id)
+        if stream is not None and event.dropped_turns:
+            stream.note = f"the {event.dropped_turns} oldest messages were left out to fit the model's context"
+            widget = self.pane.view.widget_for(stream.message_id)
+            if widget is not None:
+                widget.set_status(STREAMING, stream.note)
+
+    @Slot(int, object)
+    def _on_text_delta(self, request_id: int, delta: TextDelta) -> None:
+        stream = self._stream_for(request_id)
+        if stream is None or not delta.text:
+            return
+        stream.text += delta.text
+        extend_runs(stream.runs, split_delta(delta))
+        self.store.update_reply(stream.message_id, stream.text, stream.runs)
+        widget = self.pane.view.widget_for(stream.message_id)
+        if widget is not None:
+            widget.set_content(stream.text, stream.runs)
+
+    @Slot(int, object, object)
+    def _on_finished(self, request_id: int, event: Finished, description: dict) -> None:
+        stream = self._stream_for(request_id)
+        if stream is None:
+            return
+        self.stream = None
+        runs = fit_runs(stream.runs, len(event.text))
+        figures = reply_figures(event.stats, stream.settings, stream.verifier_label, description, event.stop_reason)
+        status = STOPPED if event.stop_reason == "stopped" else COMPLETE
+        self.store.finish_reply(stream.message_id, event.text, runs, figures, status, stream.note)
+        widget = self.pane.view.widget_for(stream.message_id)
+        if widget is not None:
+            widget.set_content(event.text, runs)
+            widget.render()
+            widget.set_status(status, stream.note)
+            widget.set_figures(figures)
+        self.refresh_state()
+
+    @Slot(int, object)
+    def _on_errored(self, request_id: int, error: Exception) -> None:
+        stream = self._stream_for(request_id)
+        message = error_text(error)
+        self.pane.banner.show_message(message)
+        if stream is None:
+            return
+        self.stream = None
+        self.store.finish_reply(stream.message_id, stream.text, stream.runs, None, FAILED, message)
+        widget = self.pane.view.widget_for(stream.message_id)
+        if widget is not None:
+            widget.render()
+            widget.set_status(FAILED, message)
+        self.refresh_state()
+
+    def save_for_close(self) -> None:
+        """The app is closing mid-reply: keep what was shown, marked as stopped."""
+        if self.stream is not None:
+            stream, self.stream = self.stream, None
+            self.store.finish_reply(
+                stream.message_id, stream.text, stream.runs, None, STOPPED, "the app was closed during this reply"
+            )
+
+    @Slot()
+    def refresh_state(self) -> None:
+        client = self.client
+        if client.pair is None and client.loading is not None:
+            why_not = "The model pair is still loading."
+        elif client.pair is None:
+            why_not = "No model pair is loaded: choose one in Settings."
+        elif client.loading is not None:
+            why_not = "Another model pair is loading; sending resumes when it is ready."
+        else:
+            why_not = ""
+        generating = self.stream is not None
+        self.pane.set_state(client.can_generate and not generating, generating, why_not)
+        self.pane.view.update_actions(idle=client.can_generate and not generating)

@@ -1,0 +1,254 @@
+"""The chat pane: the conversation's messages, its system prompt, an error banner, and the
+input box with Send / Stop."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QKeyEvent
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QScrollArea,
+    QSizePolicy,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from .message_widget import MessageWidget
+from .storage import StoredMessage
+
+
+class ChatView(QScrollArea):
+    """Messages top to bottom; follows a streaming reply while the user is at the bottom."""
+
+    regenerate_requested = Signal()
+    edit_requested = Signal(int)
+
+    def __init__(self):
+        super().__init__()
+        self.setWidgetResizable(True)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        container = QWidget()
+        container.setObjectName("chatContainer")
+        self._layout = QVBoxLayout(container)
+        self._layout.setContentsMargins(16, 12, 16, 12)
+        self._layout.setSpacing(10)
+        self.placeholder = QLabel()
+        self.placeholder.setObjectName("chatPlaceholder")
+        self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.placeholder.setWordWrap(True)
+        self._layout.addWidget(self.placeholder)
+        self._layout.addStretch()
+        self.setWidget(container)
+        self.messages: list[MessageWidget] = []
+        self._show_provenance = False
+        self._stick_to_bottom = True
+        self.verticalScrollBar().valueChanged.connect(self._remember_position)
+        self.verticalScrollBar().rangeChanged.connect(self._follow)
+
+    def set_messages(self, messages: list[StoredMessage]) -> None:
+        for widget in self.messages:
+            self._layout.removeWidget(widget)
+            widget.deleteLater()
+        self.messages = []
+        for message in messages:
+            self.add_message(message)
+        self._stick_to_bottom = True
+        self._update_placeholder()
+
+    def add_message(self, message: StoredMessage) -> MessageWidget:
+        widget = MessageWidget(message, self._show_provenance)
+        widget.regenerate_requested.connect(self.regenerate_requested)
+        widget.edit_requested.connect(self.edit_requested)
+        self._layout.insertWidget(self._layout.count() - 1, widget)
+        self.messages.append(widget)
+        self._stick_to_bottom = True
+        self._update_placeholder()
+        return widget
+
+    def remove_messages_from(self, message_id: int) -> None:
+        keep = [w for w in self.messages if w.message_id < message_id]
+        for widget in self.messages[len(keep) :]:
+            self._layout.removeWidget(widget)
+            widget.deleteLater()
+        self.messages = keep
+        self._update_placeholder()
+
+    def widget_for(self, message_id: int) -> MessageWidget | None:
+        return next((w for w in self.messages if w.message_id == message_id), None)
+
+    def set_show_provenance(self, show: bool) -> None:
+        self._show_provenance = show
+        for widget in self.messages:
+            widget.set_show_provenance(show)
+
+    def update_actions(self, idle: bool) -> None:
+        """Regenerate on the last reply and Edit on the last question, when nothing streams."""
+        last_reply = next((w for w in reversed(self.messages) if w.role == "assistant"), None)
+        last_question = next((w for w in reversed(self.messages) if w.role == "user"), None)
+        for widget in self.messages:
+            widget.set_actions(
+                can_regenerate=idle and widget is last_reply and widget is self.messages[-1],
+                can_edit=idle and widget is last_question,
+            )
+
+    def set_placeholder_text(self, text: str) -> None:
+        self.placeholder.setText(text)
+        self._update_placeholder()
+
+    def _update_placeholder(self) -> None:
+        self.placeholder.setVisible(not self.messages and bool(self.placeholder.text()))
+
+    def _remember_position(self, value: int) -> None:
+        self._stick_to_bottom = value >= self.verticalScrollBar().maximum() - 8
+
+    def _follow(self, _minimum: int, maximum: int) -> None:
+        if self._stick_to_bottom:
+            self.verticalScrollBar().setValue(maximum)
+
+
+class InputBox(QPlainTextEdit):
+    """Enter sends; Shift+Enter starts a new line; Escape cancels an edit."""
+
+    submitted = Signal()
+    cancelled = Signal()
+
+    def __init__(self):
+        super().__init__()
+        self.setPlaceholderText("Message Tandem — Enter sends, Shift+Enter adds a line")
+        self.setTabChangesFocus(True)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setFixedHeight(self.fontMetrics().lineSpacing() * 4 + 12)
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not (
+            event.modifiers() & Qt.KeyboardModifier.ShiftModifier
+        ):
+            self.submitted.emit()
+            return
+        if event.key() == Qt.Key.Key_Escape:
+            self.cancelled.emit()
+            return
+        super().keyPressEvent(event)
+
+
+class Banner(QFrame):
+    """A message across the top of the chat that stays until dismissed: errors, warnings."""
+
+    def __init__(self):
+        super().__init__()
+        self.setObjectName("banner")
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(10, 6, 6, 6)
+        self.label = QLabel()
+        self.label.setWordWrap(True)
+        self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        close = QToolButton()
+        close.setText("Dismiss")
+        close.setAutoRaise(True)
+        close.clicked.connect(self.hide)
+        layout.addWidget(self.label, 1)
+        layout.addWidget(close, 0, Qt.AlignmentFlag.AlignTop)
+        self.hide()
+
+    def show_message(self, text: str, kind: str = "error") -> None:
+        self.label.setText(text)
+        self.setProperty("kind", kind)
+        self.style().unpolish(self)
+        self.style().polish(self)
+        self.show()
+
+    @property
+    def text(self) -> str:
+        return self.label.text() if self.isVisible() else ""
+
+
+class ChatPane(QWidget):
+    send_requested = Signal(str)
+    stop_requested = Signal()
+    edit_cancelled = Signal()
+    system_prompt_edited = Signal(str)
+
+    def __init__(self):
+        super().__init__()
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(0)
+
+        header = QHBoxLayout()
+        header.setContentsMargins(12, 6, 12, 6)
+        self.title = QLabel()
+        self.title.setObjectName("chatTitle")
+        self.system_prompt_toggle = QToolButton()
+        self.system_prompt_toggle.setText("System prompt")
+        self.system_prompt_toggle.setCheckable(True)
+        self.system_prompt_toggle.setToolTip("Instructions the model sees before this conversation")
+        header.addWidget(self.title, 1)
+        header.addWidget(self.system_prompt_toggle)
+        layout.addLayout(header)
+
+        self.system_prompt = QPlainTextEdit()
+        self.system_prompt.setPlaceholderText("System prompt for this conversation (optional), e.g. “Answer briefly.”")
+        self.system_prompt.setFixedHeight(self.system_prompt.fontMetrics().lineSpacing() * 3 + 12)
+        self.system_prompt.setVisible(False)
+        self.system_prompt_toggle.toggled.connect(self.system_prompt.setVisible)
+        self.system_prompt.textChanged.connect(lambda: self.system_prompt_edited.emit(self.system_prompt.toPlainText()))
+        layout.addWidget(self.system_prompt)
+
+        self.banner = Banner()
+        layout.addWidget(self.banner)
+        self.view = ChatView()
+        layout.addWidget(self.view, 1)
+
+        bottom = QVBoxLayout()
+        bottom.setContentsMargins(12, 6, 12, 10)
+        bottom.setSpacing(4)
+        self.edit_notice = QLabel("Editing your last message: sending replaces it and its reply. Esc cancels.")
+        self.edit_notice.setObjectName("editNotice")
+        self.edit_notice.setVisible(False)
+        bottom.addWidget(self.edit_notice)
+        row = QHBoxLayout()
+        self.input = InputBox()
+        self.send_button = QPushButton("Send")
+        self.send_button.setDefault(True)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setToolTip("Stop the reply; what was written so far is kept")
+        self.stop_button.setVisible(False)
+        row.addWidget(self.input, 1)
+        buttons = QVBoxLayout()
+        buttons.addWidget(self.send_button)
+        buttons.addWidget(self.stop_button)
+        buttons.addStretch()
+        row.addLayout(buttons)
+        bottom.addLayout(row)
+        layout.addLayout(bottom)
+
+        self.input.submitted.connect(self._submit)
+        self.input.cancelled.connect(self.edit_cancelled)
+        self.send_button.clicked.connect(self._submit)
+        self.stop_button.clicked.connect(self.stop_requested)
+        self._can_send = False
+
+    def _submit(self) -> None:
+        text = self.input.toPlainText().strip()
+        if text and self._can_send:
+            self.send_requested.emit(text)
+
+    def set_state(self, can_send: bool, generating: bool, why_not: str = "") -> None:
+        self._can_send = can_send
+        self.send_button.setEnabled(can_send)
+        self.send_button.setToolTip("Send (Enter)" if can_send else why_not)
+        self.send_button.setVisible(not generating)
+        self.stop_button.setVisible(generating)
+
+    def show_conversation(self, title: str, system_prompt: str, messages: list[StoredMessage]) -> None:
+        self.title.setText(title)
+        self.system_prompt.blockSignals(True)
+        self.system_prompt.setPlainText(system_prompt)
+        self.system_prompt.blockSignals(False)
+        self.system_prompt_toggle.setChecked(bool(system_prompt))
+        self.view.set_messages(messages)

@@ -1,0 +1,365 @@
+"""The main window: conversations on the left, the chat in the middle, the speed panel docked
+on the right; a toolbar to switch pair and method; load progress in the status bar."""
+from __future__ import annotations
+
+from PySide6.QtCore import QSettings, Qt, Slot
+from PySide6.QtGui import QAction, QCloseEvent, QColor, QKeySequence, QPixmap
+from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QProgressBar,
+    QSplitter,
+    QToolBar,
+    QWidget,
+)
+
+from engine.config import METHODS, ConfigError, DecodeSettings, PairConfig, demo_pair
+from engine.events import Finished
+from engine.pairs import all_pairs, builtin_pairs
+from engine.paths import config_dir
+from engine.stats import GenerationStats
+
+from .chat_session import ChatController
+from .chat_view import ChatPane
+from .conversation_list import ConversationList
+from .engine_api import EngineApi, LocalEngine
+from .error_text import error_text
+from .message_widget import is_dark
+from .provenance import DARK_COLOURS, LEGEND, LIGHT_COLOURS
+from .settings import AppSettings, load_settings, save_settings
+from .settings_dialog import METHOD_LABELS, SettingsDialog
+from .speed_panel import SpeedPanel
+from .storage import ChatStore
+from .worker import EngineClient, PairInfo
+
+LAYOUT_FILE = "window.ini"
+WELCOME = "Ask anything. Replies are written on this machine, offline."
+FIRST_LOAD = (
+    "Loading the model pair… On the first start the bundled demo model is converted once, "
+    "which takes about 20 seconds. You can type your first message meanwhile."
+)
+
+
+class ProvenanceLegend(QWidget):
+    """What the provenance colours mean; shown while colouring is on."""
+
+    def __init__(self, dark: bool):
+        super().__init__()
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        colours = DARK_COLOURS if dark else LIGHT_COLOURS
+        for kind, meaning in LEGEND:
+            swatch = QLabel()
+            pixmap = QPixmap(12, 12)
+            pixmap.fill(QColor(colours[kind]))
+            swatch.setPixmap(pixmap)
+            layout.addWidget(swatch)
+            layout.addWidget(QLabel(meaning))
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, engine: EngineApi | None = None):
+        super().__init__()
+        self.setWindowTitle("Tandem")
+        self.settings, settings_warning = load_settings()
+        self.store = ChatStore.open_default()
+        self.pairs, pairs_warning = _read_pairs()
+        self.settings_dialog: SettingsDialog | None = None
+        self._closed = False
+
+        self.client = EngineClient(engine or LocalEngine(), self)
+        self.conversations = ConversationList(self.store)
+        self.pane = ChatPane()
+        self.splitter = QSplitter()
+        self.splitter.setObjectName("mainSplitter")
+        self.splitter.addWidget(self.conversations)
+        self.splitter.addWidget(self.pane)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setSizes([220, 680])
+        self.setCentralWidget(self.splitter)
+        self.speed_panel = SpeedPanel(self)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.speed_panel)
+        self.controller = ChatController(self.store, self.client, self.pane, self.decode_settings, self)
+
+        self._build_toolbar()
+        self._build_status_bar()
+        self._connect()
+        self.resize(1200, 760)
+        self._restore_layout()
+        self.pane.view.set_show_provenance(self.settings.show_provenance)
+        self._open_first_conversation()
+        for warning in (settings_warning, pairs_warning):
+            if warning:
+                self.pane.banner.show_message(warning, "warning")
+        self.pane.view.set_placeholder_text(FIRST_LOAD)
+        self.request_pair(self.pair_named(self.settings.active_pair) or demo_pair())
+
+    # Building
+
+    def _build_toolbar(self) -> None:
+        toolbar = QToolBar("Main")
+        toolbar.setObjectName("mainToolbar")
+        toolbar.setMovable(False)
+        self.addToolBar(toolbar)
+        self.new_action = QAction("New chat", self)
+        self.new_action.setShortcut(QKeySequence.StandardKey.New)
+        self.new_action.triggered.connect(self.controller.new_conversation)
+        toolbar.addAction(self.new_action)
+        toolbar.addSeparator()
+        toolbar.addWidget(QLabel(" Pair "))
+        self.pair_combo = QComboBox()
+        self.pair_combo.setMinimumContentsLength(18)
+        self.pair_combo.setToolTip("Switch model pair; the current one stays active until the new one is loaded")
+        toolbar.addWidget(self.pair_combo)
+        toolbar.addWidget(QLabel(" Method "))
+        self.method_combo = QComboBox()
+        self.method_combo.setToolTip("Decoding method for the next reply")
+        toolbar.addWidget(self.method_combo)
+        toolbar.addSeparator()
+        self.provenance_action = QAction("Colour tokens", self)
+        self.provenance_action.setCheckable(True)
+        self.provenance_action.setChecked(self.settings.show_provenance)
+        self.provenance_action.setToolTip("Show which reply tokens the draft proposed and the target accepted")
+        toolbar.addAction(self.provenance_action)
+        speed_toggle = self.speed_panel.toggleViewAction()
+        speed_toggle.setText("Speed panel")
+        toolbar.addAction(speed_toggle)
+        self.settings_action = QAction("Settings…", self)
+        self.settings_action.setShortcut(QKeySequence.StandardKey.Preferences)
+        toolbar.addAction(self.settings_action)
+        self.regenerate_action = QAction("Regenerate", self)
+        self.regenerate_action.setShortcut(QKeySequence("Ctrl+R"))
+        self.regenerate_action.triggered.connect(self.controller.regenerate)
+        self.addAction(self.regenerate_action)
+        self._fill_pair_combo()
+        self._fill_method_combo(None)
+
+    def _build_status_bar(self) -> None:
+        bar = self.statusBar()
+        self.load_label = QLabel()
+        self.load_progress = QProgressBar()
+        self.load_progress.setMaximumWidth(180)
+        self.load_progress.setVisible(False)
+        bar.addWidget(self.load_label, 1)
+        bar.addWidget(self.load_progress)
+        self.legend = ProvenanceLegend(is_dark())
+        self.legend.setVisible(self.settings.show_provenance)
+        bar.addPermanentWidget(self.legend)
+
+    def _connect(self) -> None:
+        self.conversations.selected.connect(self.controller.open_conversation)
+        self.conversations.new_requested.connect(self.controller.new_conversation)
+        self.conversations.delete_requested.connect(self.controller.delete)
+        self.conversations.renamed.connect(self.controller.rename)
+        self.controller.conversations_changed.connect(self._refresh_conversations)
+        self.controller.reply_started.connect(self.speed_panel.start_reply)
+        self.client.load_progress.connect(self._on_load_progress)
+        self.client.pair_loaded.connect(self._on_pair_loaded)
+        self.client.load_failed.connect(self._on_load_failed)
+        self.client.stats_updated.connect(self._on_stats)
+        self.client.finished.connect(self._on_finished)
+        self.pair_combo.activated.connect(self._on_pair_chosen)
+        self.method_combo.activated.connect(self._on_method_chosen)
+        self.provenance_action.toggled.connect(self.set_show_provenance)
+        self.settings_action.triggered.connect(self.open_settings)
+
+    # Layout, kept by QSettings (window geometry only; everything else is in the settings file)
+
+    def _layout_store(self) -> QSettings:
+        return QSettings(str(config_dir() / LAYOUT_FILE), QSettings.Format.IniFormat)
+
+    def _restore_layout(self) -> None:
+        layout = self._layout_store()
+        geometry, state, splitter = layout.value("geometry"), layout.value("state"), layout.value("splitter")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        if state is not None:
+            self.restoreState(state)
+        if splitter is not None:
+            self.splitter.restoreState(splitter)
+
+    def _save_layout(self) -> None:
+        layout = self._layout_store()
+        layout.setValue("geometry", self.saveGeometry())
+        layout.setValue("state", self.saveState())
+        layout.setValue("splitter", self.splitter.saveState())
+        layout.sync()
+
+    def _open_first_conversation(self) -> None:
+        saved = self.store.state("selected_conversation")
+        conversation = self.store.conversation(int(saved)) if saved and saved.isdigit() else None
+        if conversation is None:
+            newest = self.store.list_conversations()
+            conversation = newest[0] if newest else None
+        self.controller.open_conversation(conversation.id if conversation else None)
+        self.conversations.refresh(self.controller.conversation_id)
+
+    @Slot()
+    def _refresh_conversations(self) -> None:
+        self.conversations.refresh(self.controller.conversation_id)
+
+    # Pairs
+
+    def pair_named(self, name: str) -> PairConfig | None:
+        return next((pair for pair in self.pairs if pair.name == name), None)
+
+    def request_pair(self, config: PairConfig) -> None:
+        """Load `config` on the worker; the chat stays usable with the current pair meanwhile."""
+        self.client.load_pair(config)
+        self.load_label.setText(f"Loading “{config.name}”…")
+        self.load_progress.setRange(0, 0)
+        self.load_progress.setVisible(True)
+
+    @Slot(str, object)
+    def _on_load_progress(self, message: str, fraction: float | None) -> None:
+        self.load_label.setText(message)
+        if fraction is None:
+            self.load_progress.setRange(0, 0)
+        else:
+            self.load_progress.setRange(0, 100)
+            self.load_progress.setValue(round(fraction * 100))
+
+    @Slot(object)
+    def _on_pair_loaded(self, info: PairInfo) -> None:
+        description = info.description
+        self.load_label.setText(
+            f"Ready: {description.get('target')} + {description.get('draft')} "
+            f"on {description.get('device')} ({description.get('precision')})"
+        )
+        self.load_progress.setVisible(self.client.loading is not None)
+        self.setWindowTitle(f"Tandem — {info.config.name}")
+        self.settings.active_pair = info.config.name
+        save_settings(self.settings)
+        self.speed_panel.set_pair(description)
+        self.pane.view.set_placeholder_text(WELCOME)
+        self._fill_pair_combo()
+        self._fill_method_combo(info)
+        if self.settings_dialog is not None:
+            self.settings_dialog.mark_active(info.config.name)
+
+    @Slot(object, object)
+    def _on_load_failed(self, config: PairConfig, error: Exception) -> None:
+        self.load_progress.setVisible(self.client.loading is not None)
+        current = self.client.pair
+        if current is not None:
+            still = f" Still using “{current.config.name}”."
+            self.load_label.setText(f"Using “{current.config.name}”")
+        else:
+            still = " No pair is active: choose another in Settings → Model pairs."
+            self.load_label.setText("No model pair loaded")
+            self.pane.view.set_placeholder_text("No model pair is loaded. Choose one in Settings → Model pairs.")
+        self.pane.banner.show_message(f"Could not load “{config.name}”. {error_text(error)}{still}")
+        self._fill_pair_combo()
+
+    def _fill_pair_combo(self) -> None:
+        active = self.client.pair.config.name if self.client.pair else self.settings.active_pair
+        self.pair_combo.clear()
+        for pair in self.pairs:
+            self.pair_combo.addItem(pair.name, pair.name)
+        self.pair_combo.setCurrentIndex(max(self.pair_combo.findData(active), 0))
+
+    def _fill_method_combo(self, info: PairInfo | None) -> None:
+        self.method_combo.clear()
+        for method in info.methods if info else METHODS:
+            self.method_combo.addItem(method, method)
+            self.method_combo.setItemData(self.method_combo.count() - 1, METHOD_LABELS.get(method, method), Qt.ItemDataRole.ToolTipRole)
+        self.method_combo.setCurrentIndex(max(self.method_combo.findData(self.decode_settings().method), 0))
+
+    @Slot(int)
+    def _on_pair_chosen(self, index: int) -> None:
+        pair = self.pair_named(self.pair_combo.itemData(index))
+        if pair is not None and (self.client.pair is None or pair != self.client.pair.config):
+            self.request_pair(pair)
+
+    @Slot(int)
+    def _on_method_chosen(self, index: int) -> None:
+        self.set_decoding(self.settings.decoding.with_changes(method=self.method_combo.itemData(index)))
+
+    # Speed figures
+
+    @Slot(int, object, object)
+    def _on_stats(self, _request_id: int, stats: GenerationStats, description: dict) -> None:
+        self.speed_panel.update_stats(stats, description)
+
+    @Slot(int, object, object)
+    def _on_finished(self, _request_id: int, event: Finished, description: dict) -> None:
+        self.speed_panel.finish_reply(event.stats, description, event.stop_reason)
+
+    # Decoding settings
+
+    def decode_settings(self) -> DecodeSettings:
+        """The saved settings, fitted to what the loaded pair offers."""
+        decoding = self.settings.decoding
+        info = self.client.pair
+        if info is not None:
+            if decoding.method not in info.methods:
+                decoding = decoding.with_changes(method="chain" if "chain" in info.methods else info.methods[0])
+            verifier_names = [name for name, _label, _exact in info.verifiers]
+            if verifier_names and decoding.verifier not in verifier_names:
+                decoding = decoding.with_changes(verifier=verifier_names[0])
+        return decoding
+
+    def set_decoding(self, decoding: DecodeSettings) -> None:
+        self.settings.decoding = decoding
+        save_settings(self.settings)
+        self.method_combo.setCurrentIndex(max(self.method_combo.findData(decoding.method), 0))
+
+    @Slot(bool)
+    def set_show_provenance(self, show: bool) -> None:
+        self.settings.show_provenance = show
+        save_settings(self.settings)
+        self.provenance_action.setChecked(show)
+        self.legend.setVisible(show)
+        self.pane.view.set_show_provenance(show)
+
+    # Settings dialog
+
+    @Slot()
+    def open_settings(self) -> SettingsDialog:
+        if self.settings_dialog is None:
+            dialog = SettingsDialog(self.settings, self.pairs, self.client, self)
+            dialog.applied.connect(self._apply_settings)
+            dialog.pair_requested.connect(self.request_pair)
+            dialog.pairs_changed.connect(self._on_pairs_changed)
+            dialog.finished.connect(self._forget_settings_dialog)
+            self.settings_dialog = dialog
+        self.settings_dialog.open()
+        return self.settings_dialog
+
+    @Slot(object)
+    def _apply_settings(self, changed: AppSettings) -> None:
+        self.settings.models = list(changed.models)
+        self.set_decoding(changed.decoding)
+        self.set_show_provenance(changed.show_provenance)
+
+    @Slot()
+    def _on_pairs_changed(self) -> None:
+        self.pairs, warning = _read_pairs()
+        if warning:
+            self.pane.banner.show_message(warning, "warning")
+        self._fill_pair_combo()
+
+    @Slot()
+    def _forget_settings_dialog(self) -> None:
+        self.settings_dialog.deleteLater()
+        self.settings_dialog = None
+
+    # Closing
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        if not self._closed:
+            self._closed = True
+            self._save_layout()
+            self.controller.save_for_close()
+            self.client.shutdown()
+            self.store.close()
+        super().closeEvent(event)
+
+
+def _read_pairs() -> tuple[list[PairConfig], str | None]:
+    try:
+        return all_pairs(), None
+    except ConfigError as error:
+        return builtin_pairs(), f"{error}. Only the built-in pairs are listed."

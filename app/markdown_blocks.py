@@ -1,0 +1,48 @@
+"""Split a (possibly half-streamed) markdown reply into prose and fenced code blocks, so
+each code block can be shown with its own copy button."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+#.-]*)")
+
+
+@dataclass(frozen=True)
+class Block:
+    kind: str  # "prose" | "code"
+    text: str
+    language: str = ""
+    closed: bool = True  # False for a code block whose closing fence has not streamed yet
+
+
+def split_blocks(markdown: str) -> list[Block]:
+    blocks: list[Block] = []
+    prose: list[str] = []
+    code: list[str] = []
+    fence = ""
+    language = ""
+    for line in markdown.split("\n"):
+        if not fence:
+            opening = FENCE.match(line)
+            if opening:
+                _flush_prose(blocks, prose)
+                fence, language = opening.group(1), opening.group(2)
+            else:
+                prose.append(line)
+        elif line.strip().startswith(fence[0] * len(fence)) and not line.strip().strip(fence[0]):
+            blocks.append(Block("code", "\n".join(code), language))
+            code, fence = [], ""
+        else:
+            code.append(line)
+    if fence:
+        blocks.append(Block("code", "\n".join(code), language, closed=False))
+    _flush_prose(blocks, prose)
+    return blocks
+
+
+def _flush_prose(blocks: list[Block], lines: list[str]) -> None:
+    text = "\n".join(lines).strip("\n")
+    if text.strip():
+        blocks.append(Block("prose", text))
+    lines.clear()

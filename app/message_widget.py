@@ -1,0 +1,273 @@
+"""One message in the chat: markdown with copyable code blocks (or provenance colours), its
+status, its speed figures (a compact line that expands), and its actions."""
+from __future__ import annotations
+
+import html
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QFont, QFontDatabase, QGuiApplication
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QSizePolicy,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from . import figures as fmt
+from .markdown_blocks import Block, split_blocks
+from .provenance import Runs, coloured_html
+from .storage import FAILED, INTERRUPTED, STOPPED, STREAMING, StoredMessage
+
+RENDER_INTERVAL_MS = 40  # streamed text is re-rendered at most this often
+STATUS_TEXT = {STREAMING: "writing…", STOPPED: "stopped", INTERRUPTED: "interrupted", FAILED: "error"}
+
+
+def is_dark() -> bool:
+    """Whether the app's palette is dark. Asked of the app, not a widget: style sheets give
+    widgets transparent backgrounds, which would read as black."""
+    return QGuiApplication.palette().window().color().lightness() < 128
+
+
+def _selectable_label(text_format: Qt.TextFormat) -> QLabel:
+    label = QLabel()
+    label.setTextFormat(text_format)
+    label.setWordWrap(True)
+    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.TextSelectableByKeyboard)
+    label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
+    return label
+
+
+class CodeBlock(QFrame):
+    """A fenced code block: monospace text and a button that copies it."""
+
+    def __init__(self, block: Block):
+        super().__init__()
+        self.setObjectName("codeBlock")
+        self.kind = "code"
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(8, 4, 8, 8)
+        layout.setSpacing(2)
+        header = QHBoxLayout()
+        self.language = QLabel()
+        self.language.setObjectName("codeLanguage")
+        self.copy_button = QToolButton()
+        self.copy_button.setText("Copy")
+        self.copy_button.setToolTip("Copy this code")
+        self.copy_button.clicked.connect(self._copy)
+        header.addWidget(self.language)
+        header.addStretch()
+        header.addWidget(self.copy_button)
+        layout.addLayout(header)
+        self.code = _selectable_label(Qt.TextFormat.PlainText)
+        self.code.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        layout.addWidget(self.code)
+        self._copied_timer = QTimer(self, singleShot=True, interval=1500)
+        self._copied_timer.timeout.connect(lambda: self.copy_button.setText("Copy"))
+        self.set_block(block)
+
+    def set_block(self, block: Block) -> None:
+        self.language.setText(block.language or "code")
+        if self.code.text() != block.text:
+            self.code.setText(block.text)
+
+    def _copy(self) -> None:
+        QGuiApplication.clipboard().setText(self.code.text())
+        self.copy_button.setText("Copied")
+        self._copied_timer.start()
+
+
+class ProseBlock(QLabel):
+    def __init__(self, block: Block):
+        super().__init__()
+        self.kind = "prose"
+        self.setTextFormat(Qt.TextFormat.MarkdownText)
+        self.setWordWrap(True)
+        self.setTextInteractionFlags(
+            Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.TextSelectableByKeyboard
+        )
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
+        self.set_block(block)
+
+    def set_block(self, block: Block) -> None:
+        if self.text() != block.text:
+            self.setText(block.text)
+
+
+class MarkdownView(QWidget):
+    """Markdown as prose labels and code blocks. Re-rendering reuses the widgets whose kind
+    is unchanged, so a streaming reply only updates its last block."""
+
+    def __init__(self):
+        super().__init__()
+        self._layout = QVBoxLayout(self)
+        self._layout.setContentsMargins(0, 0, 0, 0)
+        self._layout.setSpacing(6)
+        self.blocks: list[CodeBlock | ProseBlock] = []
+
+    def set_markdown(self, text: str) -> None:
+        wanted = split_blocks(text)
+        for index, block in enumerate(wanted):
+            if index < len(self.blocks) and self.blocks[index].kind == block.kind:
+                self.blocks[index].set_block(block)
+                continue
+            for stale in self.blocks[index:]:
+                self._layout.removeWidget(stale)
+                stale.deleteLater()
+            del self.blocks[index:]
+            widget = CodeBlock(block) if block.kind == "code" else ProseBlock(block)
+            self.blocks.append(widget)
+            self._layout.addWidget(widget)
+        for stale in self.blocks[len(wanted) :]:
+            self._layout.removeWidget(stale)
+            stale.deleteLater()
+        del self.blocks[len(wanted) :]
+
+
+class FiguresLine(QWidget):
+    """The final speed figures of a reply: one line, with the full table on demand."""
+
+    def __init__(self):
+        super().__init__()
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(2)
+        row = QHBoxLayout()
+        self.summary = QLabel()
+        self.summary.setObjectName("figuresSummary")
+        self.summary.setWordWrap(True)
+        self.toggle = QToolButton()
+        self.toggle.setText("Details")
+        self.toggle.setCheckable(True)
+        self.toggle.setToolTip("Show all figures of this reply")
+        row.addWidget(self.summary, 1)
+        row.addWidget(self.toggle, 0, Qt.AlignmentFlag.AlignTop)
+        layout.addLayout(row)
+        self.details = QLabel()
+        self.details.setObjectName("figuresDetails")
+        self.details.setTextFormat(Qt.TextFormat.RichText)
+        self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.details.setVisible(False)
+        layout.addWidget(self.details)
+        self.toggle.toggled.connect(self.details.setVisible)
+
+    def set_figures(self, figures: dict) -> None:
+        self.summary.setText(fmt.compact_line(figures))
+        rows = "".join(
+            f"<tr><td style='padding-right:12px'><b>{html.escape(name)}</b></td><td>{html.escape(value)}</td></tr>"
+            for name, value in fmt.detail_rows(figures)
+        )
+        self.details.setText(f"<table>{rows}</table>")
+
+
+class MessageWidget(QFrame):
+    regenerate_requested = Signal()
+    edit_requested = Signal(int)  # message id
+
+    def __init__(self, message: StoredMessage, show_provenance: bool):
+        super().__init__()
+        self.message_id = message.id
+        self.role = message.role
+        self.setObjectName("userMessage" if message.role == "user" else "assistantMessage")
+        self._text = message.content
+        self._runs: Runs = list(message.provenance)
+        self._show_provenance = show_provenance
+        self._render_timer = QTimer(self, singleShot=True, interval=RENDER_INTERVAL_MS)
+        self._render_timer.timeout.connect(self.render)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(12, 8, 12, 8)
+        layout.setSpacing(4)
+        header = QHBoxLayout()
+        author = QLabel("You" if message.role == "user" else "Tandem")
+        bold = QFont(author.font())
+        bold.setBold(True)
+        author.setFont(bold)
+        self.status = QLabel()
+        self.status.setObjectName("messageStatus")
+        self.status.setWordWrap(True)
+        header.addWidget(author)
+        header.addWidget(self.status, 1)
+        layout.addLayout(header)
+
+        self.markdown = MarkdownView()
+        self.plain = _selectable_label(Qt.TextFormat.PlainText)  # user messages, as typed
+        self.coloured = _selectable_label(Qt.TextFormat.RichText)  # provenance colouring
+        for body in (self.markdown, self.plain, self.coloured):
+            layout.addWidget(body)
+
+        self.figures_line = FiguresLine()
+        self.figures_line.setVisible(False)
+        layout.addWidget(self.figures_line)
+
+        actions = QHBoxLayout()
+        actions.setSpacing(4)
+        self.copy_button = self._action("Copy", "Copy this message as text", self._copy)
+        self.regenerate_button = self._action("Regenerate", "Write this reply again", self.regenerate_requested.emit)
+        self.edit_button = self._action("Edit", "Edit this message and send it again", lambda: self.edit_requested.emit(self.message_id))
+        for button in (self.copy_button, self.regenerate_button, self.edit_button):
+            actions.addWidget(button)
+        actions.addStretch()
+        layout.addLayout(actions)
+        self.set_actions(can_regenerate=False, can_edit=False)
+        self.set_status(message.status, message.note)
+        if message.figures:
+            self.set_figures(message.figures)
+        self.render()
+
+    def _action(self, text: str, tip: str, slot) -> QToolButton:
+        button = QToolButton()
+        button.setText(text)
+        button.setToolTip(tip)
+        button.setAutoRaise(True)
+        button.clicked.connect(slot)
+        return button
+
+    @property
+    def text(self) -> str:
+        return self._text
+
+    def set_content(self, text: str, runs: Runs) -> None:
+        """New streamed text; shown within RENDER_INTERVAL_MS, coalescing fast deltas."""
+        self._text, self._runs = text, runs
+        if not self._render_timer.isActive():
+            self._render_timer.start()
+
+    def set_show_provenance(self, show: bool) -> None:
+        self._show_provenance = show
+        self.render()
+
+    def render(self) -> None:
+        self._render_timer.stop()
+        coloured = self._show_provenance and self.role == "assistant" and bool(self._runs)
+        self.plain.setVisible(self.role == "user")
+        self.coloured.setVisible(coloured)
+        self.markdown.setVisible(self.role == "assistant" and not coloured)
+        if self.role == "user":
+            self.plain.setText(self._text)
+        elif coloured:
+            self.coloured.setText(coloured_html(self._text, self._runs, is_dark()))
+        else:
+            self.markdown.set_markdown(self._text)
+
+    def set_status(self, status: str, note: str = "") -> None:
+        words = STATUS_TEXT.get(status, "")
+        if note:
+            words = f"{words} — {note}" if words else note
+        self.status.setText(words)
+        self.status.setProperty("failed", status == FAILED)
+        self.status.style().unpolish(self.status)
+        self.status.style().polish(self.status)
+
+    def set_figures(self, figures: dict) -> None:
+        self.figures_line.set_figures(figures)
+        self.figures_line.setVisible(True)
+
+    def set_actions(self, can_regenerate: bool, can_edit: bool) -> None:
+        self.regenerate_button.setVisible(self.role == "assistant" and can_regenerate)
+        self.edit_button.setVisible(self.role == "user" and can_edit)
+
+    def _copy(self) -> None:
+        QGuiApplication.clipboard().setText(self._text)

@@ -1,0 +1,317 @@
+"""The model pair picker: add models (Hugging Face folder, GGUF file, or a repo id to
+download), choose a target and a draft that shares its tokenizer, its precision and device.
+
+Which drafts fit a target is asked of the worker (it reads tokenizers, which takes seconds);
+until it answers, other models are listed but cannot be chosen. The n-gram drafter needs no
+model and always fits.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QProgressBar,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.config import CPU_DEFAULT_PRECISION, DEMO_TARGET, DEVICES, PRECISIONS, ModelSpec, PairConfig
+
+from .error_text import error_text
+from .worker import EngineClient
+
+PRECISION_LABELS = {
+    "auto": f"auto: 8-bit on a CUDA GPU, {CPU_DEFAULT_PRECISION} on the CPU",
+    "int8": "int8: 8-bit weights (bitsandbytes), half the memory",
+    "bf16": "bf16",
+    "fp16": "fp16",
+    "fp32": "fp32: full precision, most memory",
+}
+DEVICE_LABELS = {"auto": "auto: the GPU when there is one", "cpu": "CPU", "cuda": "CUDA GPU"}
+SOURCE_ROLE = Qt.ItemDataRole.UserRole
+NGRAM = ""  # the draft list's entry for "no draft model: n-gram prompt lookup"
+CHECKING = "checking its tokenizer…"
+
+
+def model_label(source: str) -> str:
+    if source == DEMO_TARGET:
+        return "SmolLM2-135M-Instruct (bundled demo)"
+    path = Path(source).expanduser()
+    return f"{path.name} ({path.parent})" if path.is_absolute() else source
+
+
+class PairPicker(QDialog):
+    models_changed = Signal(list)  # the user's model sources, after one was added
+
+    def __init__(
+        self,
+        client: EngineClient,
+        models: list[str],
+        taken_names: set[str],
+        pair: PairConfig | None = None,
+        parent: QWidget | None = None,
+    ):
+        super().__init__(parent)
+        self.setWindowTitle("Model pair")
+        self.client = client
+        self.user_models = [m for m in models if m != DEMO_TARGET]
+        self.taken_names = taken_names
+        self.reasons: dict[str, str | None] = {}  # draft source -> why it does not fit, None if it does
+        self._checked_target = ""
+        self._name_edited = pair is not None
+
+        layout = QVBoxLayout(self)
+        form = QFormLayout()
+        self.name = QLineEdit(pair.name if pair else "")
+        self.name.textEdited.connect(self._on_name_edited)
+        self.target = QComboBox()
+        self.precision = QComboBox()
+        for value in PRECISIONS:
+            self.precision.addItem(PRECISION_LABELS.get(value, value), value)
+        self.device = QComboBox()
+        for value in DEVICES:
+            self.device.addItem(DEVICE_LABELS.get(value, value), value)
+        form.addRow("Name", self.name)
+        form.addRow("Target model", self.target)
+        form.addRow("Target precision", self.precision)
+        form.addRow("Device", self.device)
+        layout.addLayout(form)
+
+        layout.addWidget(QLabel("Draft (only models with the target's tokenizer can draft for it)"))
+        self.drafts = QListWidget()
+        self.drafts.setMinimumHeight(110)
+        self.drafts.setWordWrap(True)
+        layout.addWidget(self.drafts)
+
+        adding = QGroupBox("Add a model")
+        adding_layout = QVBoxLayout(adding)
+        row = QHBoxLayout()
+        self.add_folder_button = QPushButton("Hugging Face folder…")
+        self.add_gguf_button = QPushButton("GGUF file…")
+        row.addWidget(self.add_folder_button)
+        row.addWidget(self.add_gguf_button)
+        row.addStretch()
+        adding_layout.addLayout(row)
+        row = QHBoxLayout()
+        self.repo_id = QLineEdit()
+        self.repo_id.setPlaceholderText("Hugging Face repo id, e.g. HuggingFaceTB/SmolLM2-360M-Instruct")
+        self.download_button = QPushButton("Download")
+        self.download_button.setToolTip("The only action in Tandem that uses the network")
+        row.addWidget(self.repo_id, 1)
+        row.addWidget(self.download_button)
+        adding_layout.addLayout(row)
+        self.download_progress = QProgressBar()
+        self.download_progress.setVisible(False)
+        self.status = QLabel()
+        self.status.setObjectName("pickerStatus")
+        self.status.setWordWrap(True)
+        adding_layout.addWidget(self.download_progress)
+        adding_layout.addWidget(self.status)
+        layout.addWidget(adding)
+
+        self.buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        self.buttons.accepted.connect(self.accept)
+        self.buttons.rejected.connect(self.reject)
+        layout.addWidget(self.buttons)
+
+        self.add_folder_button.clicked.connect(self._choose_folder)
+        self.add_gguf_button.clicked.connect(self._choose_gguf)
+        self.download_button.clicked.connect(self._download)
+        self.repo_id.returnPressed.connect(self._download)
+        self.target.currentIndexChanged.connect(self._on_target_changed)
+        self.drafts.currentItemChanged.connect(self._on_draft_changed)
+        self.name.textChanged.connect(lambda *_: self._update_ok())
+        client.drafts_checked.connect(self._on_drafts_checked)
+        client.download_progress.connect(self._on_download_progress)
+        client.downloaded.connect(self._on_downloaded)
+        client.download_failed.connect(self._on_download_failed)
+
+        self._fill_targets(pair.target.source if pair else DEMO_TARGET)
+        if pair:
+            self.precision.setCurrentIndex(max(self.precision.findData(pair.target.precision), 0))
+            self.device.setCurrentIndex(max(self.device.findData(pair.target.device), 0))
+        self._on_target_changed()
+        self._select_draft(pair.draft.source if pair and pair.draft else NGRAM)
+        self.resize(620, 560)
+
+    # The result
+
+    def pair(self) -> PairConfig:
+        target = ModelSpec(self.target.currentData(), self.precision.currentData(), self.device.currentData())
+        draft_source = self.selected_draft()
+        draft = ModelSpec(draft_source, "auto", target.device) if draft_source else None
+        return PairConfig(self.name.text().strip(), target, draft)
+
+    def selected_draft(self) -> str:
+        item = self.drafts.currentItem()
+        return item.data(SOURCE_ROLE) if item else NGRAM
+
+    # Models
+
+    def all_models(self) -> list[str]:
+        return [DEMO_TARGET, *self.user_models]
+
+    def add_model(self, source: str) -> None:
+        if source not in self.all_models():
+            self.user_models.append(source)
+            self.models_changed.emit(list(self.user_models))
+        self._fill_targets(self.target.currentData())
+        self._check_drafts()
+
+    def _choose_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Hugging Face model folder (with config.json)")
+        if folder:
+            self.add_model(folder)
+
+    def _choose_gguf(self) -> None:
+        path, _filter = QFileDialog.getOpenFileName(self, "GGUF model file", "", "GGUF models (*.gguf)")
+        if path:
+            self.add_model(path)
+
+    def _download(self) -> None:
+        repo_id = self.repo_id.text().strip()
+        if not repo_id:
+            return
+        self.download_button.setEnabled(False)
+        self.download_progress.setVisible(True)
+        self.download_progress.setRange(0, 0)
+        self._set_status(f"Waiting to download {repo_id}…")
+        self.client.download(repo_id)
+
+    @Slot(str, object)
+    def _on_download_progress(self, message: str, fraction: float | None) -> None:
+        if fraction is None:
+            self.download_progress.setRange(0, 0)
+        else:
+            self.download_progress.setRange(0, 1000)
+            self.download_progress.setValue(int(fraction * 1000))
+        self._set_status(message)
+
+    @Slot(str, str)
+    def _on_downloaded(self, repo_id: str, source: str) -> None:
+        self.download_button.setEnabled(True)
+        self.download_progress.setVisible(False)
+        self._set_status(f"Downloaded {repo_id}; it is now in the lists above.")
+        self.add_model(source)
+
+    @Slot(str, object)
+    def _on_download_failed(self, repo_id: str, error: Exception) -> None:
+        self.download_button.setEnabled(True)
+        self.download_progress.setVisible(False)
+        self._set_status(error_text(error), failed=True)
+
+    def _set_status(self, text: str, failed: bool = False) -> None:
+        self.status.setText(text)
+        self.status.setProperty("failed", failed)
+        self.status.style().unpolish(self.status)
+        self.status.style().polish(self.status)
+
+    # Target and drafts
+
+    def _fill_targets(self, keep: str) -> None:
+        self.target.blockSignals(True)
+        self.target.clear()
+        for source in self.all_models():
+            self.target.addItem(model_label(source), source)
+            self.target.setItemData(self.target.count() - 1, source, Qt.ItemDataRole.ToolTipRole)
+        self.target.setCurrentIndex(max(self.target.findData(keep), 0))
+        self.target.blockSignals(False)
+
+    def _on_target_changed(self) -> None:
+        if not self._name_edited:
+            self.name.setText(self._suggested_name())
+        self._check_drafts()
+
+    def _check_drafts(self) -> None:
+        target = self.target.currentData()
+        if target != self._checked_target:
+            self.reasons = {}
+            self._checked_target = target
+        others = [m for m in self.all_models() if m != target and m not in self.reasons]
+        for source in others:
+            self.reasons[source] = CHECKING
+        if others:
+            self.client.check_drafts(ModelSpec(target), [ModelSpec(source) for source in others])
+        self._fill_drafts()
+
+    @Slot(str, object)
+    def _on_drafts_checked(self, target_source: str, reasons: dict) -> None:
+        if target_source != self._checked_target:
+            return  # an answer about a target the user has since changed
+        self.reasons.update(reasons)
+        self._fill_drafts()
+
+    def _fill_drafts(self) -> None:
+        keep = self.selected_draft()
+        self.drafts.blockSignals(True)
+        self.drafts.clear()
+        ngram = QListWidgetItem("n-gram prompt lookup (no draft model; always fits)")
+        ngram.setData(SOURCE_ROLE, NGRAM)
+        ngram.setToolTip("Drafts by continuing text that already appeared in the conversation")
+        self.drafts.addItem(ngram)
+        for source, reason in self.reasons.items():
+            item = QListWidgetItem(model_label(source) if reason is None else f"{model_label(source)} — {reason}")
+            item.setData(SOURCE_ROLE, source)
+            item.setToolTip(source if reason is None else f"{source}\nCannot draft for this target: {reason}")
+            if reason is not None:
+                item.setFlags(item.flags() & ~(Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable))
+            self.drafts.addItem(item)
+        self.drafts.blockSignals(False)
+        self._select_draft(keep)
+
+    def _select_draft(self, source: str) -> None:
+        for row in range(self.drafts.count()):
+            item = self.drafts.item(row)
+            if item.data(SOURCE_ROLE) == source and item.flags() & Qt.ItemFlag.ItemIsEnabled:
+                self.drafts.setCurrentItem(item)
+                break
+        else:
+            self.drafts.setCurrentRow(0)
+        if not self._name_edited:
+            self.name.setText(self._suggested_name())
+        self._update_ok()
+
+    # Name and OK
+
+    def _on_draft_changed(self, *_items) -> None:
+        if not self._name_edited:
+            self.name.setText(self._suggested_name())
+        self._update_ok()
+
+    def _on_name_edited(self, _text: str) -> None:
+        self._name_edited = True
+
+    def _suggested_name(self) -> str:
+        target = self.target.currentData() or DEMO_TARGET
+        draft = self.selected_draft() if self.drafts.count() else NGRAM
+        short = "SmolLM2-135M" if target == DEMO_TARGET else Path(target).stem.split("/")[-1]
+        draft_short = "n-gram" if not draft else ("SmolLM2-135M" if draft == DEMO_TARGET else Path(draft).stem.split("/")[-1])
+        base = f"{short} + {draft_short}"
+        name, number = base, 2
+        while name in self.taken_names:
+            name, number = f"{base} ({number})", number + 1
+        return name
+
+    def _update_ok(self) -> None:
+        name = self.name.text().strip()
+        problem = ""
+        if not name:
+            problem = "Give the pair a name."
+        elif name in self.taken_names:
+            problem = f"There is already a pair named “{name}”."
+        ok = self.buttons.button(QDialogButtonBox.StandardButton.Ok)
+        ok.setEnabled(not problem)
+        ok.setToolTip(problem)

@@ -1,0 +1,102 @@
+"""The app's settings: a typed, versioned JSON file under the user config folder.
+
+Model pairs live in the engine's own store (`engine.pairs`), shared with `tandem chat` and
+`tandem bench`; this file holds what only the app needs. Every file carries the schema
+version it was written with, and `MIGRATIONS` turns an older file into the current shape
+one version at a time, so a setting can be renamed or restructured without losing anyone's
+choices. Window geometry is not here: Qt's QSettings keeps that.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from engine.config import ConfigError, DecodeSettings
+from engine.paths import config_dir
+
+SETTINGS_FILE = "app-settings.json"
+SCHEMA_VERSION = 1
+
+# MIGRATIONS[n] turns a version-n dict into a version-(n + 1) dict.
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+
+@dataclass
+class AppSettings:
+    active_pair: str = "demo"
+    decoding: DecodeSettings = field(default_factory=DecodeSettings)
+    models: list[str] = field(default_factory=list)  # sources the user added: folders, GGUF files
+    show_provenance: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "active_pair": self.active_pair,
+            "decoding": self.decoding.to_dict(),
+            "models": list(self.models),
+            "show_provenance": self.show_provenance,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AppSettings:
+        """Build from a current-version dict; a value that does not fit falls back to its default."""
+        defaults = cls()
+        decoding_data = data.get("decoding", {})
+        known = {f.name for f in fields(DecodeSettings)}
+        try:
+            decoding = DecodeSettings(**{k: v for k, v in decoding_data.items() if k in known})
+        except (ConfigError, TypeError):
+            decoding = defaults.decoding
+        models = data.get("models", [])
+        return cls(
+            active_pair=str(data.get("active_pair") or defaults.active_pair),
+            decoding=decoding,
+            models=[str(m) for m in models] if isinstance(models, list) else [],
+            show_provenance=bool(data.get("show_provenance", defaults.show_provenance)),
+        )
+
+
+def settings_path() -> Path:
+    return config_dir() / SETTINGS_FILE
+
+
+def migrate(data: dict[str, Any]) -> dict[str, Any]:
+    version = int(data.get("schema_version", 1))
+    while version < SCHEMA_VERSION:
+        data = MIGRATIONS[version](data)
+        version += 1
+        data["schema_version"] = version
+    return data
+
+
+def load_settings(path: Path | None = None) -> tuple[AppSettings, str | None]:
+    """The saved settings, and a warning for the user when the file could not be used
+    (it is then kept beside, as `.unreadable` or as the newer version's own copy)."""
+    path = path or settings_path()
+    if not path.exists():
+        return AppSettings(), None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError("the file does not hold a settings object")
+    except (OSError, ValueError) as error:
+        kept = path.with_suffix(".unreadable")
+        path.replace(kept)
+        return AppSettings(), f"Your settings could not be read ({error}); defaults are in use. The old file is kept as {kept}."
+    version = int(data.get("schema_version", 1))
+    if version > SCHEMA_VERSION:
+        kept = path.with_suffix(f".v{version}.json")
+        kept.write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+        warning = f"Your settings were written by a newer Tandem; a copy is kept as {kept}."
+        return AppSettings.from_dict(data), warning
+    return AppSettings.from_dict(migrate(data)), None
+
+
+def save_settings(settings: AppSettings, path: Path | None = None) -> None:
+    path = path or settings_path()
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(settings.to_dict(), indent=2), encoding="utf-8")
+    temporary.replace(path)  # atomic: a crash never leaves half a file

@@ -1,0 +1,226 @@
+"""The speed panel: live figures of the reply being written, and the loaded pair's device and
+memory. A dock widget, so it can be moved, floated or hidden."""
+from __future__ import annotations
+
+from PySide6.QtCharts import (
+    QBarCategoryAxis,
+    QBarSeries,
+    QBarSet,
+    QChart,
+    QChartView,
+    QLineSeries,
+    QValueAxis,
+)
+from PySide6.QtCore import QMargins, QRectF, QSize, Qt
+from PySide6.QtGui import QColor, QFont, QPainter, QPen
+from PySide6.QtWidgets import QDockWidget, QFormLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
+
+from engine.config import DecodeSettings
+from engine.stats import GenerationStats
+
+from . import figures as fmt
+from .message_widget import is_dark
+from .provenance import DARK_COLOURS, LIGHT_COLOURS
+
+
+class ShareBar(QWidget):
+    """Draft time against target time, as one split bar in the provenance colours."""
+
+    def __init__(self):
+        super().__init__()
+        self.share: float | None = None
+        self.setMinimumHeight(22)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+
+    def sizeHint(self) -> QSize:
+        return QSize(160, 22)
+
+    def set_share(self, share: float | None) -> None:
+        self.share = share
+        self.update()
+
+    def paintEvent(self, _event) -> None:
+        painter = QPainter(self)
+        colours = DARK_COLOURS if is_dark() else LIGHT_COLOURS
+        area = QRectF(self.rect()).adjusted(0.5, 0.5, -0.5, -0.5)
+        painter.setPen(QPen(self.palette().mid().color()))
+        if self.share is None:
+            painter.drawRect(area)
+            painter.setPen(self.palette().windowText().color())
+            painter.drawText(area, Qt.AlignmentFlag.AlignCenter, "—")
+            return
+        split = area.width() * self.share
+        painter.fillRect(QRectF(area.left(), area.top(), split, area.height()), QColor(colours["draft"]))
+        painter.fillRect(QRectF(area.left() + split, area.top(), area.width() - split, area.height()), QColor(colours["target"]))
+        painter.drawRect(area)
+        painter.setPen(self.palette().windowText().color())
+        painter.drawText(area, Qt.AlignmentFlag.AlignCenter, fmt.time_share({"draft_time_share": self.share}))
+
+
+def _chart(dark: bool) -> QChart:
+    chart = QChart()
+    chart.setTheme(QChart.ChartTheme.ChartThemeDark if dark else QChart.ChartTheme.ChartThemeLight)
+    chart.legend().hide()
+    chart.setMargins(QMargins(2, 2, 2, 2))
+    chart.setBackgroundRoundness(0)
+    return chart
+
+
+def _axis(title: str, maximum: float, label_format: str = "%.0f") -> QValueAxis:
+    axis = QValueAxis()
+    axis.setRange(0, maximum)
+    axis.setLabelFormat(label_format)
+    axis.setTitleText(title)
+    font = QFont(axis.labelsFont())
+    font.setPointSizeF(max(font.pointSizeF() - 1, 6))
+    axis.setLabelsFont(font)
+    axis.setTitleFont(font)
+    axis.setTickCount(3)
+    return axis
+
+
+class SpeedPanel(QDockWidget):
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__("Speed", parent)
+        self.setObjectName("speedPanel")  # saveState() finds docks by name
+        body = QWidget()
+        layout = QVBoxLayout(body)
+        layout.setContentsMargins(8, 6, 8, 8)
+        layout.setSpacing(6)
+
+        self.speed = QLabel("—")
+        self.speed.setObjectName("speedFigure")
+        big = QFont(self.speed.font())
+        big.setPointSizeF(big.pointSizeF() * 1.8)
+        big.setBold(True)
+        self.speed.setFont(big)
+        self.caption = QLabel("Send a message to see live figures.")
+        self.caption.setWordWrap(True)
+        layout.addWidget(self.speed)
+        layout.addWidget(self.caption)
+
+        dark = is_dark()
+        self.rate_series = QLineSeries()
+        rate_chart = _chart(dark)
+        rate_chart.addSeries(self.rate_series)
+        self.time_axis = _axis("seconds", 1.0, "%.1f")
+        self.rate_axis = _axis("tok/s", 10.0)
+        rate_chart.addAxis(self.time_axis, Qt.AlignmentFlag.AlignBottom)
+        rate_chart.addAxis(self.rate_axis, Qt.AlignmentFlag.AlignLeft)
+        self.rate_series.attachAxis(self.time_axis)
+        self.rate_series.attachAxis(self.rate_axis)
+        self.rate_view = QChartView(rate_chart)
+        self.rate_view.setRenderHint(QPainter.RenderHint.Antialiasing)
+        self.rate_view.setMinimumSize(220, 130)
+        layout.addWidget(self.rate_view)
+
+        form = QFormLayout()
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        self.values: dict[str, QLabel] = {}
+        for key, title in (
+            ("first_token", "First token"),
+            ("acceptance", "Acceptance"),
+            ("per_call", "Tokens per target call"),
+            ("saved", "Target calls saved"),
+            ("mode", "Decoding"),
+            ("device", "Device"),
+            ("memory", "Memory in use"),
+        ):
+            value = QLabel("—")
+            value.setWordWrap(True)
+            value.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            self.values[key] = value
+            form.addRow(title, value)
+        self.share_bar = ShareBar()
+        form.addRow("Draft / target time", self.share_bar)
+        layout.addLayout(form)
+
+        layout.addWidget(QLabel("Acceptance by draft position"))
+        self.position_set = QBarSet("accepted")
+        self.position_set.setColor(QColor((DARK_COLOURS if dark else LIGHT_COLOURS)["draft"]).darker(130))
+        self.position_series = QBarSeries()
+        self.position_series.append(self.position_set)
+        position_chart = _chart(dark)
+        position_chart.addSeries(self.position_series)
+        self.position_axis = QBarCategoryAxis()
+        self.percent_axis = _axis("%", 100.0)
+        position_chart.addAxis(self.position_axis, Qt.AlignmentFlag.AlignBottom)
+        position_chart.addAxis(self.percent_axis, Qt.AlignmentFlag.AlignLeft)
+        self.position_series.attachAxis(self.position_axis)
+        self.position_series.attachAxis(self.percent_axis)
+        self.position_view = QChartView(position_chart)
+        self.position_view.setRenderHint(QPainter.RenderHint.Antialiasing)
+        self.position_view.setMinimumSize(220, 120)
+        layout.addWidget(self.position_view)
+        layout.addStretch()
+        self.setWidget(body)
+        self._last_point = (0.0, 0)
+
+    def set_pair(self, description: dict) -> None:
+        self.values["device"].setText(
+            f"{description.get('device', '?')}, {description.get('precision', '?')}"
+        )
+        self.values["memory"].setText(fmt.memory(description.get("memory_mb")))
+
+    def start_reply(self, settings: DecodeSettings, verifier_label: str) -> None:
+        self.rate_series.clear()
+        self.time_axis.setRange(0, 1.0)
+        self.rate_axis.setRange(0, 10.0)
+        self._last_point = (0.0, 0)
+        self.speed.setText("…")
+        self.caption.setText("Waiting for the first token")
+        for key in ("first_token", "acceptance", "per_call", "saved"):
+            self.values[key].setText("—")
+        self.values["mode"].setText(fmt.decoding_mode(settings.to_dict(), verifier_label))
+        self.share_bar.set_share(None)
+        self._set_positions([])
+
+    def update_stats(self, stats: GenerationStats, description: dict) -> None:
+        figures = stats.to_dict()
+        self.speed.setText(fmt.rate(stats.tokens_per_s))
+        self.caption.setText(f"{stats.tokens_generated} tokens in {stats.elapsed_s:.1f} s, {stats.method}")
+        self.values["first_token"].setText(fmt.seconds(stats.time_to_first_token_s))
+        if stats.method == "ar":
+            for key in ("acceptance", "per_call", "saved"):
+                self.values[key].setText("— (ar drafts nothing)")
+        else:
+            self.values["acceptance"].setText(
+                f"{fmt.percent(stats.acceptance_rate)} of {stats.draft_tokens_proposed} drafted"
+            )
+            self.values["per_call"].setText(fmt.ratio(stats.mean_accepted_per_target_call))
+            self.values["saved"].setText(fmt.calls_saved(figures))
+        self.share_bar.set_share(stats.draft_time_share)
+        self._set_positions(stats.acceptance_by_position)
+        self._add_rate_point(stats.elapsed_s, stats.tokens_generated)
+        self.set_pair(description)
+
+    def finish_reply(self, stats: GenerationStats, description: dict, stop_reason: str) -> None:
+        self.update_stats(stats, description)
+        self.caption.setText(
+            f"Last reply: {stats.tokens_generated} tokens in {stats.elapsed_s:.1f} s, "
+            f"{fmt.STOP_REASONS.get(stop_reason, stop_reason)}"
+        )
+
+    def _add_rate_point(self, elapsed: float, tokens: int) -> None:
+        """Plot the rate since the previous update: the curve shows slow and fast stretches."""
+        last_elapsed, last_tokens = self._last_point
+        if elapsed <= last_elapsed or tokens <= last_tokens:
+            return
+        rate = (tokens - last_tokens) / (elapsed - last_elapsed)
+        self._last_point = (elapsed, tokens)
+        self.rate_series.append(elapsed, rate)
+        self.time_axis.setRange(0, max(1.0, elapsed * 1.05))
+        if rate * 1.15 > self.rate_axis.max():
+            self.rate_axis.setRange(0, rate * 1.15)
+
+    def _set_positions(self, rates: list[float]) -> None:
+        categories = [str(index) for index in range(1, len(rates) + 1)]
+        if categories != self.position_axis.categories():
+            self.position_axis.clear()
+            self.position_axis.append(categories or [""])
+        if self.position_set.count() != len(rates):
+            self.position_set.remove(0, self.position_set.count())
+            self.position_set.append([value * 100 for value in rates])
+        else:
+            for index, value in enumerate(rates):
+                self.position_set.replace(index, value * 100)

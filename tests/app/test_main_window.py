@@ -1,0 +1,281 @@
+"""The main window over a fake engine: chatting, stopping, regenerating, editing, errors,
+switching pairs and methods, and what a restart restores."""
+from __future__ import annotations
+
+import re
+import sqlite3
+import time
+
+from PySide6.QtWidgets import QApplication, QMessageBox
+
+from app.storage import COMPLETE, FAILED, STOPPED
+from engine.config import ModelSpec, PairConfig
+from engine.errors import ModelLoadError
+from engine.pairs import save_user_pairs
+from tests.app.fake_engine import FakeEngine, words
+from tests.app.helpers import last_reply, send, send_and_wait, shown_markdown
+
+
+def test_first_start_loads_the_demo_pair_with_visible_progress(make_window, qtbot):
+    window = make_window(FakeEngine(load_delay_s=0.3))
+    assert window.load_progress.isVisible()
+    assert "Loading" in window.pane.view.placeholder.text()
+    assert not window.pane.send_button.isEnabled()
+    qtbot.waitUntil(lambda: window.client.pair is not None, timeout=5000)
+    assert not window.load_progress.isVisible()
+    assert window.load_label.text().startswith("Ready")
+    assert window.pane.send_button.isEnabled()
+    assert window.windowTitle() == "Tandem — demo"
+
+
+def test_a_reply_streams_as_markdown_with_stats_in_order(ready_window, qtbot):
+    window = ready_window(FakeEngine(token_delay_s=0.005))
+    seen: list[str] = []
+    window.client.prompt_prepared.connect(lambda *_: seen.append("prompt"))
+    window.client.text_delta.connect(lambda *_: seen.append("text"))
+    window.client.stats_updated.connect(lambda *_: seen.append("stats"))
+    window.client.finished.connect(lambda *_: seen.append("finished"))
+    texts: list[str] = []
+    window.client.text_delta.connect(lambda *_: texts.append(last_reply(window).text))
+
+    finished = send_and_wait(qtbot, window, "Explain speculative decoding")
+
+    assert re.fullmatch(r"prompt text( text| stats)* stats finished", " ".join(seen))
+    assert all(len(a) < len(b) for a, b in zip(texts, texts[1:]))  # the reply grew delta by delta
+    reply = last_reply(window)
+    shown = shown_markdown(reply)
+    assert "short" in shown and "**" not in shown  # rendered, not raw markdown
+    assert "print('hello from the fake engine')" in shown
+    assert [block.kind for block in reply.markdown.blocks] == ["prose", "code", "prose"]
+    assert reply.figures_line.isVisible() and "tok/s" in reply.figures_line.summary.text()
+    assert window.speed_panel.speed.text().endswith("tok/s")
+    assert window.speed_panel.rate_series.count() > 1
+    assert window.speed_panel.position_set.count() == 4
+    assert finished.stop_reason == "eos"
+    assert window.pane.input.toPlainText() == ""
+    assert window.conversations.list.currentItem().text() == "Explain speculative decoding"
+
+
+def test_code_blocks_and_messages_can_be_copied(ready_window, qtbot):
+    window = ready_window()
+    send_and_wait(qtbot, window, "Show code")
+    reply = last_reply(window)
+    code_block = next(block for block in reply.markdown.blocks if block.kind == "code")
+    code_block.copy_button.click()
+    assert QApplication.clipboard().text() == "print('hello from the fake engine')"
+    reply.copy_button.click()
+    assert QApplication.clipboard().text() == FakeEngine().reply
+
+
+def test_stop_keeps_what_was_written(ready_window, qtbot):
+    window = ready_window(FakeEngine(token_delay_s=0.03))
+    send(qtbot, window, "Go on")
+    qtbot.waitUntil(lambda: len(last_reply(window).text) > 10, timeout=5000)
+    assert window.pane.stop_button.isVisible() and not window.pane.send_button.isVisible()
+    with qtbot.waitSignal(window.client.finished, timeout=2000):
+        window.pane.stop_button.click()
+    saved = window.store.messages(window.controller.conversation_id)[-1]
+    assert saved.status == STOPPED
+    assert 0 < len(words(saved.content)) < len(words(FakeEngine().reply))
+    assert "stopped" in last_reply(window).status.text()
+    assert window.pane.send_button.isVisible() and window.pane.send_button.isEnabled()
+
+
+def test_regenerate_replaces_the_last_reply(ready_window, qtbot):
+    engine = FakeEngine()
+    window = ready_window(engine)
+    send_and_wait(qtbot, window, "Hello")
+    first_id = last_reply(window).message_id
+    assert last_reply(window).regenerate_button.isVisible()
+    with qtbot.waitSignal(window.client.finished, timeout=5000):
+        last_reply(window).regenerate_button.click()
+    messages = window.store.messages(window.controller.conversation_id)
+    assert [m.role for m in messages] == ["user", "assistant"]
+    assert messages[-1].id != first_id and messages[-1].status == COMPLETE
+    assert engine.requests[0][0] == engine.requests[1][0]  # the same conversation, asked again
+
+
+def test_the_last_question_can_be_edited_and_sent_again(ready_window, qtbot):
+    engine = FakeEngine()
+    window = ready_window(engine)
+    send_and_wait(qtbot, window, "What is the capital of Frnace?")
+    question = window.pane.view.messages[0]
+    assert question.edit_button.isVisible()
+    question.edit_button.click()
+    assert window.pane.input.toPlainText() == "What is the capital of Frnace?"
+    assert window.pane.edit_notice.isVisible()
+    send_and_wait(qtbot, window, "What is the capital of France?")
+    messages = window.store.messages(window.controller.conversation_id)
+    assert [(m.role, m.content) for m in messages][0] == ("user", "What is the capital of France?")
+    assert len(messages) == 2 and len(window.pane.view.messages) == 2
+    assert [m.content for m in engine.requests[-1][0]] == ["What is the capital of France?"]
+
+
+def test_the_system_prompt_belongs_to_its_conversation(ready_window, qtbot):
+    engine = FakeEngine()
+    window = ready_window(engine)
+    window.pane.system_prompt_toggle.click()
+    window.pane.system_prompt.setPlainText("Answer in French.")
+    send_and_wait(qtbot, window, "Hello")
+    assert engine.requests[-1][2] == "Answer in French."
+    first = window.controller.conversation_id
+    window.controller.new_conversation()
+    assert window.pane.system_prompt.toPlainText() == ""
+    send_and_wait(qtbot, window, "Hello again")
+    assert engine.requests[-1][2] is None
+    window.controller.open_conversation(first)
+    assert window.pane.system_prompt.toPlainText() == "Answer in French."
+
+
+def test_switching_method_applies_to_the_next_reply(ready_window, qtbot):
+    engine = FakeEngine()
+    window = ready_window(engine)
+    window.method_combo.setCurrentIndex(window.method_combo.findData("ar"))
+    window.method_combo.activated.emit(window.method_combo.currentIndex())
+    finished = send_and_wait(qtbot, window, "Hi")
+    assert engine.requests[-1][1].method == "ar" and finished.stats.method == "ar"
+    assert "ar drafts nothing" in window.speed_panel.values["acceptance"].text()
+    assert {p.value for p in finished.provenance} == {"target"}
+
+
+def test_switching_pair_loads_it_while_the_chat_stays_usable(make_window, qtbot):
+    save_user_pairs([PairConfig("bigger", ModelSpec("/models/bigger"))])
+    engine = FakeEngine()
+    window = make_window(engine)
+    qtbot.waitUntil(lambda: window.client.pair is not None, timeout=5000)
+    send_and_wait(qtbot, window, "Hi")
+    engine.load_delay_s = 0.4
+    window.pair_combo.setCurrentIndex(window.pair_combo.findData("bigger"))
+    window.pair_combo.activated.emit(window.pair_combo.currentIndex())
+    assert window.load_progress.isVisible()
+    assert window.client.pair.config.name == "demo"  # still active while the new one loads
+    window.conversations.search.setText("Hi")  # the rest of the window responds meanwhile
+    with qtbot.waitSignal(window.client.pair_loaded, timeout=5000):
+        pass
+    window.conversations.search.clear()
+    assert window.client.pair.config.name == "bigger" and window.settings.active_pair == "bigger"
+    send_and_wait(qtbot, window, "Hi again")
+    assert engine.requests[-1][0][0].content == "Hi"
+
+
+def test_a_failing_load_says_why_and_keeps_the_previous_pair(make_window, qtbot):
+    save_user_pairs([PairConfig("broken", ModelSpec("/models/broken.gguf"))])
+    engine = FakeEngine(failing_sources={"/models/broken.gguf": ModelLoadError("Model file not found: /models/broken.gguf")})
+    window = make_window(engine)
+    qtbot.waitUntil(lambda: window.client.pair is not None, timeout=5000)
+    with qtbot.waitSignal(window.client.load_failed, timeout=5000):
+        window.pair_combo.setCurrentIndex(window.pair_combo.findData("broken"))
+        window.pair_combo.activated.emit(window.pair_combo.currentIndex())
+    banner = window.pane.banner.text
+    assert "Could not load “broken”" in banner and "Model file not found" in banner and "Still using “demo”" in banner
+    assert window.client.pair.config.name == "demo" and window.pair_combo.currentData() == "demo"
+    assert window.settings.active_pair == "demo"
+    send_and_wait(qtbot, window, "Still there?")
+
+
+def test_an_engine_error_mid_reply_is_shown_and_nothing_is_lost(ready_window, qtbot):
+    engine = FakeEngine(fail_after_tokens=4)
+    window = ready_window(engine)
+    with qtbot.waitSignal(window.client.errored, timeout=5000):
+        send(qtbot, window, "Write a lot")
+    assert window.pane.banner.text.startswith("Out of memory")
+    messages = window.store.messages(window.controller.conversation_id)
+    assert [m.role for m in messages] == ["user", "assistant"]
+    assert messages[-1].status == FAILED and messages[-1].content
+    assert "error" in last_reply(window).status.text()
+    engine.fail_after_tokens = None
+    send_and_wait(qtbot, window, "Try again")
+    assert [m.content for m in engine.requests[-1][0]] == ["Write a lot", "Try again"]
+
+
+def test_each_streamed_delta_is_saved_at_once(ready_window, qtbot, tandem_home):
+    window = ready_window(FakeEngine(token_delay_s=0.03))
+    send(qtbot, window, "Stream")
+    qtbot.waitUntil(lambda: len(last_reply(window).text) > 20, timeout=5000)
+    # What a process killed now would leave behind, read by another connection.
+    shown = last_reply(window).text
+    row = sqlite3.connect(tandem_home / "data" / "chats.sqlite3").execute(
+        "SELECT content, status FROM messages WHERE role='assistant'"
+    ).fetchone()
+    assert row[1] == "streaming" and row[0].startswith(shown[:20]) and len(row[0]) >= len(shown)
+
+
+def test_conversations_can_be_searched_renamed_and_deleted(ready_window, qtbot, monkeypatch):
+    window = ready_window()
+    send_and_wait(qtbot, window, "Tell me about owls")
+    window.controller.new_conversation()
+    send_and_wait(qtbot, window, "Tell me about cats")
+    titles = lambda: [window.conversations.list.item(i).text() for i in range(window.conversations.list.count())]
+    assert titles() == ["Tell me about cats", "Tell me about owls"]
+
+    window.conversations.search.setText("owls")
+    assert titles() == ["Tell me about owls"]
+    window.conversations.search.setText("fake engine")  # matches message text, not only titles
+    assert len(titles()) == 2
+    window.conversations.search.clear()
+
+    item = window.conversations.list.item(0)
+    window.conversations.list.setCurrentItem(item)
+    cats = window.conversations.current_id()
+    item.setText("Cats")  # what finishing an in-place edit does
+    assert window.store.conversation(cats).title == "Cats"
+    assert window.pane.title.text() == "Cats"
+
+    monkeypatch.setattr(QMessageBox, "question", lambda *args: QMessageBox.StandardButton.Yes)
+    window.conversations.delete_button.click()
+    assert titles() == ["Tell me about owls"]
+    assert window.pane.title.text() == "Tell me about owls"
+
+
+def test_provenance_colouring_shows_draft_and_target_tokens(ready_window, qtbot):
+    window = ready_window()
+    send_and_wait(qtbot, window, "Colour me")
+    reply = last_reply(window)
+    assert not reply.coloured.isVisible() and not window.legend.isVisible()
+    window.provenance_action.trigger()
+    assert reply.coloured.isVisible() and not reply.markdown.isVisible()
+    assert window.legend.isVisible()
+    html = reply.coloured.text()
+    assert "#c8efc8" in html and "#ffe0b3" in html  # draft and target tints
+    window.provenance_action.trigger()
+    assert reply.markdown.isVisible()
+
+
+def test_restart_restores_conversations_selection_and_layout(make_window, qtbot):
+    window = make_window()
+    qtbot.waitUntil(lambda: window.client.pair is not None, timeout=5000)
+    send_and_wait(qtbot, window, "First conversation")
+    first = window.controller.conversation_id
+    window.controller.new_conversation()
+    send_and_wait(qtbot, window, "Second conversation")
+    window.conversations.refresh(first)
+    window.controller.open_conversation(first)
+    window.speed_panel.hide()
+    window.resize(720, 590)  # inside the offscreen screen (800 x 600), which restoreGeometry keeps to
+    size = window.size()
+    window.close()
+
+    again = make_window()
+    assert again.controller.conversation_id == first
+    assert again.conversations.current_id() == first
+    assert [w.text for w in again.pane.view.messages][0] == "First conversation"
+    assert again.conversations.list.count() == 2
+    assert not again.speed_panel.isVisible()
+    assert again.size() == size and size.width() == 720
+    assert last_reply(again).figures_line.isVisible()  # the reply's figures stay with it
+
+
+def test_closing_mid_reply_stops_the_engine_and_keeps_the_text(make_window, qtbot):
+    engine = FakeEngine(token_delay_s=0.05)
+    window = make_window(engine)
+    qtbot.waitUntil(lambda: window.client.pair is not None, timeout=5000)
+    send(qtbot, window, "Long answer please")
+    qtbot.waitUntil(lambda: len(last_reply(window).text) > 10, timeout=5000)
+    shown = last_reply(window).text
+    started = time.perf_counter()
+    window.close()
+    assert time.perf_counter() - started < 1.0
+    assert engine.closed_pairs == ["demo"]
+    again = make_window()
+    saved = again.store.messages(again.controller.conversation_id)[-1]
+    assert saved.status == STOPPED and saved.content == shown

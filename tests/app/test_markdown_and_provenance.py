@@ -1,0 +1,30 @@
+"""Splitting replies into prose and code, and provenance runs."""
+from __future__ import annotations
+
+from app.markdown_blocks import Block, split_blocks
+from app.provenance import coloured_html, extend_runs, fit_runs, split_delta
+from engine.events import Provenance, TextDelta
+
+
+def test_code_fences_become_their_own_blocks_even_half_streamed():
+    text = "Intro\n\n```python\nprint(1)\n```\nAfter\n\n~~~\nopen"
+    assert split_blocks(text) == [
+        Block("prose", "Intro"),
+        Block("code", "print(1)", "python"),
+        Block("prose", "After"),
+        Block("code", "open", "", closed=False),
+    ]
+
+
+def test_a_delta_is_shared_among_its_tokens_at_word_starts():
+    delta = TextDelta(" the cat sat", (1, 2, 3), (Provenance.DRAFT, Provenance.DRAFT, Provenance.TARGET))
+    assert split_delta(delta) == [("draft", " the"), ("draft", " cat"), ("target", " sat")]
+    runs = extend_runs([], split_delta(delta))
+    assert runs == [("draft", 8), ("target", 4)]
+
+
+def test_runs_are_fitted_to_the_final_text_and_coloured_with_whitespace_kept():
+    assert fit_runs([("draft", 3), ("target", 3)], 4) == [("draft", 3), ("target", 1)]
+    assert fit_runs([("draft", 3)], 5) == [("draft", 5)]
+    html = coloured_html("a <b>\n c", [("draft", 2), ("target", 7)], dark=False)
+    assert "&lt;b&gt;" in html and "pre-wrap" in html and html.count("<span") == 2

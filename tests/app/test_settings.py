@@ -1,0 +1,60 @@
+"""The typed, versioned settings file."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app import settings as settings_module
+from app.settings import SCHEMA_VERSION, AppSettings, load_settings, save_settings, settings_path
+
+
+def test_defaults_when_there_is_no_file(tandem_home):
+    settings, warning = load_settings()
+    assert settings == AppSettings() and warning is None
+    assert settings_path().parent == tandem_home / "config"
+
+
+def test_settings_round_trip_with_their_schema_version():
+    settings = AppSettings(active_pair="mine", models=["/models/a"], show_provenance=True)
+    settings.decoding = settings.decoding.with_changes(method="ar", temperature=0.7, seed=3)
+    save_settings(settings)
+    assert json.loads(settings_path().read_text())["schema_version"] == SCHEMA_VERSION
+    assert load_settings() == (settings, None)
+
+
+def test_an_older_file_is_migrated_step_by_step(monkeypatch):
+    # A future schema change registers MIGRATIONS[n]; here one that renamed a key.
+    monkeypatch.setattr(settings_module, "SCHEMA_VERSION", 2)
+    monkeypatch.setitem(
+        settings_module.MIGRATIONS, 1, lambda data: {**data, "active_pair": data.pop("pair_name")}
+    )
+    settings_path().write_text(json.dumps({"schema_version": 1, "pair_name": "old"}))
+    settings, warning = load_settings()
+    assert settings.active_pair == "old" and warning is None
+
+
+def test_an_unreadable_file_is_kept_aside_and_defaults_are_used():
+    settings_path().write_text("{not json")
+    settings, warning = load_settings()
+    assert settings == AppSettings()
+    assert "could not be read" in warning
+    assert settings_path().with_suffix(".unreadable").read_text() == "{not json"
+
+
+def test_a_bad_value_falls_back_to_its_default_without_losing_the_rest():
+    settings_path().write_text(
+        json.dumps({"schema_version": 1, "active_pair": "mine", "decoding": {"method": "nonsense", "top_p": 0.5}})
+    )
+    settings, _warning = load_settings()
+    assert settings.active_pair == "mine"
+    assert settings.decoding == AppSettings().decoding
+
+
+@pytest.mark.parametrize("version", [SCHEMA_VERSION + 1])
+def test_a_file_from_a_newer_version_is_copied_before_it_is_used(version):
+    settings_path().write_text(json.dumps({"schema_version": version, "active_pair": "future"}))
+    settings, warning = load_settings()
+    assert settings.active_pair == "future"
+    assert "newer Tandem" in warning
+    assert settings_path().with_suffix(f".v{version}.json").exists()

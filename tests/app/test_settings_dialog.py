@@ -1,0 +1,118 @@
+"""The settings dialog and the model pair picker."""
+from __future__ import annotations
+
+import json
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QDialogButtonBox
+
+from app.pair_picker import SOURCE_ROLE, PairPicker
+from app.settings import load_settings
+from app.settings_dialog import DecodingForm
+from engine.config import DecodeSettings
+from engine.pairs import load_user_pairs, user_pairs_path
+from tests.app.fake_engine import VERIFIERS, FakeEngine
+from tests.app.helpers import send_and_wait
+
+SMOL_360 = "/models/SmolLM2-360M-Instruct"
+GEMMA = "/models/gemma-3-270m.gguf"
+
+
+def test_knobs_that_would_do_nothing_are_disabled(qapp):
+    form = DecodingForm(DecodeSettings(method="ar"), ("ar", "chain"), VERIFIERS)
+    assert not form.draft_tokens.isEnabled() and not form.verifier.isEnabled()
+    assert not form.top_p.isEnabled() and "greedy" in form.note.text()
+    form.method.setCurrentIndex(form.method.findData("chain"))
+    form.temperature.setValue(0.8)
+    assert form.draft_tokens.isEnabled() and form.verifier.isEnabled() and form.top_p.isEnabled()
+    assert form.note.text() == ""
+
+
+def test_the_verifier_control_lists_what_the_pair_offers_approximate_ones_marked(qapp):
+    offered = VERIFIERS + (("sprinter", "SPRINTER", False),)
+    form = DecodingForm(DecodeSettings(temperature=0.7), ("ar", "chain"), offered)
+    labels = [form.verifier.itemText(i) for i in range(form.verifier.count())]
+    assert labels[:2] == ["Exact — block verification", "Exact — token-level"]
+    assert labels[2].startswith("SPRINTER (approximate")
+
+
+def test_decoding_changes_apply_to_the_next_reply_without_restart(ready_window, qtbot):
+    engine = FakeEngine()
+    window = ready_window(engine)
+    dialog = window.open_settings()
+    dialog.tabs.setCurrentIndex(1)
+    dialog.decoding.temperature.setValue(0.7)
+    dialog.decoding.draft_tokens.setValue(6)
+    dialog.decoding.verifier.setCurrentIndex(dialog.decoding.verifier.findData("token"))
+    dialog.decoding.max_new_tokens.setValue(12)
+    dialog.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.Ok).click()
+    finished = send_and_wait(qtbot, window, "Hi")
+    settings = engine.requests[-1][1]
+    assert (settings.temperature, settings.draft_tokens, settings.verifier, settings.max_new_tokens) == (0.7, 6, "token", 12)
+    assert len(finished.token_ids) == 12 and finished.stop_reason == "length"
+    assert load_settings()[0].decoding == settings
+
+
+def open_picker(window, qtbot, models: list[str]) -> PairPicker:
+    window.settings.models = models
+    dialog = window.open_settings()
+    picker = dialog.open_picker(None)
+    qtbot.waitUntil(lambda: all("checking" not in r for r in picker.reasons.values() if r), timeout=5000)
+    return picker
+
+
+def draft_items(picker: PairPicker) -> dict[str, tuple[str, bool]]:
+    items = (picker.drafts.item(row) for row in range(picker.drafts.count()))
+    return {item.data(SOURCE_ROLE): (item.text(), bool(item.flags() & Qt.ItemFlag.ItemIsEnabled)) for item in items}
+
+
+def test_the_pair_picker_offers_only_drafts_with_the_targets_tokenizer(ready_window, qtbot):
+    engine = FakeEngine(tokenizer_families={GEMMA: "gemma"})
+    window = ready_window(engine)
+    picker = open_picker(window, qtbot, [SMOL_360, GEMMA])
+    picker.target.setCurrentIndex(picker.target.findData(SMOL_360))
+    qtbot.waitUntil(lambda: picker.reasons.get(GEMMA) not in (None, "checking its tokenizer…"), timeout=5000)
+    items = draft_items(picker)
+    assert items[""][1] and items["demo-target"][1]  # n-gram always fits; the demo shares SmolLM2's tokenizer
+    text, enabled = items[GEMMA]
+    assert not enabled and "different tokenizer" in text
+    picker.drafts.setCurrentRow(list(items).index("demo-target"))
+    picker.precision.setCurrentIndex(picker.precision.findData("int8"))
+    assert picker.precision.itemText(0).startswith("auto: 8-bit on a CUDA GPU")
+    picker.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
+    saved = load_user_pairs()
+    assert [(p.target.source, p.target.precision, p.draft.source) for p in saved] == [(SMOL_360, "int8", "demo-target")]
+    assert json.loads(user_pairs_path().read_text())["pairs"][0]["name"] == picker.name.text()
+    assert window.pair_combo.findData(picker.name.text()) >= 0
+
+
+def test_using_a_pair_from_settings_loads_it(ready_window, qtbot):
+    window = ready_window()
+    picker = open_picker(window, qtbot, [SMOL_360])
+    picker.target.setCurrentIndex(picker.target.findData(SMOL_360))
+    picker.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
+    dialog = window.settings_dialog
+    dialog.pair_list.setCurrentRow(1)
+    with qtbot.waitSignal(window.client.pair_loaded, timeout=5000):
+        dialog.use_pair_button.click()
+    assert window.client.pair.config.target.source == SMOL_360
+    assert "[in use]" in dialog.pair_list.item(1).text()
+
+
+def test_downloading_offline_says_so(ready_window, qtbot):
+    window = ready_window(FakeEngine(online=False))
+    picker = open_picker(window, qtbot, [])
+    picker.repo_id.setText("HuggingFaceTB/SmolLM2-360M-Instruct")
+    with qtbot.waitSignal(window.client.download_failed, timeout=5000):
+        picker.download_button.click()
+    assert "offline" in picker.status.text() and picker.download_button.isEnabled()
+
+
+def test_a_downloaded_model_joins_the_lists_and_the_settings(ready_window, qtbot):
+    window = ready_window(FakeEngine(online=True))
+    picker = open_picker(window, qtbot, [])
+    picker.repo_id.setText("HuggingFaceTB/SmolLM2-360M-Instruct")
+    with qtbot.waitSignal(window.client.downloaded, timeout=5000):
+        picker.download_button.click()
+    assert picker.target.findData("HuggingFaceTB/SmolLM2-360M-Instruct") >= 0
+    assert load_settings()[0].models == ["HuggingFaceTB/SmolLM2-360M-Instruct"]

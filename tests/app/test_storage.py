@@ -1,0 +1,59 @@
+"""The chat store: conversations, streamed replies, search, and what survives a restart."""
+from __future__ import annotations
+
+import sqlite3
+
+from app.storage import COMPLETE, INTERRUPTED, STREAMING, ChatStore
+
+
+def test_conversations_can_be_created_renamed_searched_and_deleted(tmp_path):
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    first = store.create_conversation("Paris trip")
+    second = store.create_conversation("Recipes")
+    store.add_message(second.id, "user", "How long do I boil an egg?")
+    store.rename_conversation(first.id, "France trip")
+
+    assert [c.title for c in store.list_conversations()] == ["Recipes", "France trip"]
+    assert [c.id for c in store.list_conversations("egg")] == [second.id]
+    assert [c.id for c in store.list_conversations("FRANCE")] == [first.id]
+    assert store.list_conversations("100%") == []  # LIKE wildcards are searched literally
+
+    store.delete_conversation(second.id)
+    assert [c.id for c in store.list_conversations()] == [first.id]
+    assert store.messages(second.id) == []
+
+
+def test_a_reply_saved_while_streaming_is_marked_interrupted_on_the_next_start(tmp_path):
+    path = tmp_path / "chats.sqlite3"
+    store = ChatStore(path)
+    conversation = store.create_conversation("Chat")
+    store.add_message(conversation.id, "user", "Hi")
+    reply = store.add_message(conversation.id, "assistant", "", STREAMING)
+    store.update_reply(reply.id, "Hello th", [("draft", 5), ("target", 3)])
+
+    # Another connection sees it at once: nothing waits for a commit at the end of the reply.
+    row = sqlite3.connect(path).execute("SELECT content, status FROM messages WHERE id=?", (reply.id,)).fetchone()
+    assert row == ("Hello th", STREAMING)
+
+    reopened = ChatStore(path)
+    saved = reopened.messages(conversation.id)[-1]
+    assert (saved.content, saved.status, saved.provenance) == ("Hello th", INTERRUPTED, [("draft", 5), ("target", 3)])
+
+
+def test_finishing_a_reply_keeps_its_figures_and_regenerating_drops_later_messages(tmp_path):
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    conversation = store.create_conversation("Chat")
+    question = store.add_message(conversation.id, "user", "Hi")
+    reply = store.add_message(conversation.id, "assistant", "", STREAMING)
+    store.finish_reply(reply.id, "Hello", [("target", 5)], {"stats": {"tokens_per_s": 12.5}}, COMPLETE)
+    assert store.message(reply.id).figures == {"stats": {"tokens_per_s": 12.5}}
+
+    store.delete_messages_from(question)
+    assert store.messages(conversation.id) == []
+
+
+def test_app_state_round_trips(tmp_path):
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    store.set_state("selected_conversation", "3")
+    store.set_state("selected_conversation", "4")
+    assert ChatStore(tmp_path / "chats.sqlite3").state("selected_conversation") == "4"
