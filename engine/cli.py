@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .config import DEVICES, METHODS, PRECISIONS, VERIFIERS, ConfigError, DecodeSettings, ModelSpec, PairConfig
+from .distill.command import add_distill_command
 from .errors import TandemError
 
 
@@ -56,6 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--methods", default="ar,chain", help="comma-separated methods, or all (default: ar,chain)")
     bench.add_argument("--json", type=Path, dest="json_out", help="write the full report here")
     bench.set_defaults(run=_run_bench)
+
+    add_distill_command(commands)
     return parser
 
 

@@ -1,0 +1,252 @@
+"""One distillation run in an output folder, from the target's first reply to the finished draft.
+
+Layout of the output folder:
+
+    DIR/config.json, model.safetensors, tokenizer files   the draft (written at the end)
+    DIR/report.json                                       how well it matches the target
+    DIR/distill-work/run.json                             the run's settings, fixed at its start
+    DIR/distill-work/heldout-*.pt, train-*.pt             the target's replies (data shards)
+    DIR/distill-work/checkpoint.pt                        model, optimizer, step
+
+Every phase picks up what an earlier invocation left, so `--resume` needs nothing but DIR.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..bench import read_prompts
+from ..compat import check_pair_compatible
+from ..config import ConfigError, ModelSpec
+from ..models import LoadedModel, load_model, load_tokenizer_only, resolve_source
+from .data import GenerationSettings, generate_split, load_split, split_prompts
+from .model import INITS, PRESETS, build_draft, forward_ms, shape_summary
+from .train import StepReport, Trainer, TrainSettings, evaluate
+
+WORK_FOLDER = "distill-work"
+RUN_FILE = "run.json"
+REPORT_FILE = "report.json"
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "resources" / "prompts" / "distill_prompts.jsonl"
+DEFAULT_TOKENS = {"tiny": 20_000, "small": 1_000_000}
+# The target's files that make up its tokenizer; the draft gets exact copies.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "chat_template.jinja", "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt",
+)
+# Data generation runs the target in bf16 on either device: int8 (the CUDA default for chat)
+# is slower per batch, and the draft should learn the target as it usually runs.
+TARGET_PRECISION = "bf16"
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything that decides what a run produces; saved at its start, reused on resume."""
+
+    target: str
+    size: str = "small"
+    tokens: int = DEFAULT_TOKENS["small"]
+    heldout_tokens: int = 10_000
+    init: str = "pca"
+    prompts: str = str(DEFAULT_PROMPTS)
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
+    training: TrainSettings = field(default_factory=TrainSettings)
+
+    def __post_init__(self) -> None:
+        if self.size not in PRESETS:
+            raise ConfigError(f"unknown draft size {self.size!r}; choose one of {', '.join(PRESETS)}")
+        if self.init not in INITS:
+            raise ConfigError(f"unknown init {self.init!r}; choose one of {', '.join(INITS)}")
+        if self.tokens < 1 or self.heldout_tokens < 1:
+            raise ConfigError("the number of tokens must be at least 1")
+        if self.generation.max_new_tokens < 1:
+            raise ConfigError("max_new_tokens must be at least 1")
+        if self.training.epochs <= 0:
+            raise ConfigError("epochs must be positive")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunSettings:
+        try:
+            return cls(
+                **{key: value for key, value in data.items() if key not in ("generation", "training")},
+                generation=GenerationSettings(**data["generation"]),
+                training=TrainSettings(**data["training"]),
+            )
+        except (KeyError, TypeError) as error:
+            raise ConfigError(f"malformed distillation settings: {error}") from error
+
+
+def default_heldout_tokens(tokens: int) -> int:
+    # Enough positions for a steady score, few enough to generate in a minute on a CPU.
+    return min(max(tokens // 20, 512), 10_000)
+
+
+@dataclass
+class Progress:
+    phase: str  # "held-out data", "training data" or "training"
+    done: int
+    total: int
+    loss: float | None = None
+
+
+@dataclass
+class Outcome:
+    status: str  # "finished", "stopped" (asked to stop) or "paused" (reached max_steps)
+    step: int = 0
+    total_steps: int = 0
+    report: dict[str, Any] | None = None
+
+
+class Distillation:
+    """A run bound to its output folder. Create with `start` or `resume`, then `run`."""
+
+    def __init__(self, out_dir: Path, settings: RunSettings, device: str):
+        self.out_dir = out_dir
+        self.work_dir = out_dir / WORK_FOLDER
+        self.settings = settings
+        self.device = device
+
+    @classmethod
+    def start(cls, out_dir: Path, settings: RunSettings, device: str = "auto") -> Distillation:
+        work_dir = out_dir / WORK_FOLDER
+        if (work_dir / RUN_FILE).exists():
+            raise ConfigError(f"{out_dir} already holds a distillation run: add --resume to continue it, or choose another folder.")
+        if (out_dir / "config.json").exists():
+            raise ConfigError(f"{out_dir} already holds a model: choose another folder.")
+        # Fail on a wrong target or prompts file before the folder is claimed for this run.
+        resolve_source(ModelSpec(settings.target))
+        read_prompts(Path(settings.prompts))
+        work_dir.mkdir(parents=True, exist_ok=True)
+        (work_dir / RUN_FILE).write_text(json.dumps(settings.to_dict(), indent=2), encoding="utf-8")
+        return cls(out_dir, settings, device)
+
+    @classmethod
+    def resume(cls, out_dir: Path, device: str = "auto") -> Distillation:
+        run_file = out_dir / WORK_FOLDER / RUN_FILE
+        try:
+            data = json.loads(run_file.read_text(encoding="utf-8"))
+        except FileNotFoundError as error:
+            raise ConfigError(f"nothing to resume: {out_dir} holds no distillation run") from error
+        except (OSError, json.JSONDecodeError) as error:
+            raise ConfigError(f"cannot read {run_file}: {error}") from error
+        return cls(out_dir, RunSettings.from_dict(data), device)
+
+    def run(
+        self,
+        should_stop: Callable[[], bool] = lambda: False,
+        progress: Callable[[Progress], None] = lambda update: None,
+        message: Callable[[str], None] = lambda text: None,
+        max_steps: int | None = None,
+    ) -> Outcome:
+        """Generate what data is missing, train until done (or stopped), then write the draft."""
+        settings = self.settings
+        message(f"Loading the target {settings.target}…")
+        target = load_model(ModelSpec(settings.target, TARGET_PRECISION, self.device))
+        timings: dict[str, float | None] = {}
+
+        # 1. the target writes the data: held-out replies first, so the untrained draft can be scored
+        train_prompts, heldout_prompts = split_prompts(read_prompts(Path(settings.prompts)))
+        for phase, name, prompts, budget in (
+            ("held-out data", "heldout", heldout_prompts, settings.heldout_tokens),
+            ("training data", "train", train_prompts, settings.tokens),
+        ):
+            generated = _Counter(phase, budget, progress)
+            complete = generate_split(
+                target, prompts, self.work_dir, name, budget, settings.generation, should_stop, generated.add
+            )
+            timings[f"{name}_generation_tokens_per_s"] = generated.rate()
+            if not complete:
+                return Outcome("stopped")
+
+        # 2. the draft learns from it
+        train_data = load_split(self.work_dir, "train")
+        heldout_data = load_split(self.work_dir, "heldout")
+        shape = PRESETS[settings.size]
+        draft = build_draft(target.model, shape, settings.init, settings.training.seed)
+        trainer = Trainer(draft, train_data, heldout_data, settings.training, self.work_dir, target.device)
+        if trainer.resume():
+            message(f"Resuming training at step {trainer.step} of {trainer.total_steps}.")
+
+        def report_step(step: StepReport) -> None:
+            progress(Progress("training", step.step, step.total_steps, step.loss))
+
+        progress(Progress("training", trainer.step, trainer.total_steps))
+        outcome = trainer.run(should_stop, report_step, max_steps)
+        if not outcome.finished:
+            return Outcome("stopped" if should_stop() else "paused", outcome.step, outcome.total_steps)
+
+        # 3. the finished draft, loadable like any Hugging Face model folder
+        message("Scoring the draft and writing it…")
+        final = evaluate(trainer.draft, heldout_data, target.device)
+        self._save_draft(trainer.draft, target)
+        report = {
+            "target": settings.target,
+            "size": settings.size,
+            "shape": shape_summary(shape, target.model.config.vocab_size),
+            "init": settings.init,
+            "steps": outcome.step,
+            "training_tokens": sum(sequence.reply_length for sequence in train_data),
+            "train_loss": outcome.recent_loss,
+            "heldout_positions": final["positions"],
+            "heldout_kl_initial": outcome.initial_heldout["kl"],
+            "heldout_kl": final["kl"],
+            "heldout_agreement_initial": outcome.initial_heldout["agreement"],
+            "heldout_agreement": final["agreement"],
+            "training_tokens_per_s": outcome.tokens_per_s or None,
+            **timings,
+            **_forward_costs(trainer.draft, target),
+        }
+        (self.out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2), encoding="utf-8")
+        return Outcome("finished", outcome.step, outcome.total_steps, report)
+
+    def _save_draft(self, draft: torch.nn.Module, target: LoadedModel) -> None:
+        draft.save_pretrained(self.out_dir)
+        source = resolve_source(ModelSpec(self.settings.target))
+        copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
+        for name in copied:
+            shutil.copy(source / name, self.out_dir / name)
+        if not copied:  # a tokenizer kept in some other form: let transformers write it
+            target.tokenizer.save_pretrained(self.out_dir)
+        check_pair_compatible(target.tokenizer, load_tokenizer_only(ModelSpec(str(self.out_dir))))
+
+
+class _Counter:
+    """Turns a split's token counts into progress updates and a tokens/s figure."""
+
+    def __init__(self, phase: str, total: int, progress: Callable[[Progress], None]):
+        self.phase, self.total, self.progress = phase, total, progress
+        self.done = 0
+        self.new_tokens = 0
+        self.started: float | None = None
+
+    def add(self, tokens: int) -> None:
+        if self.started is None:  # the first call reports what earlier runs left
+            self.started = time.perf_counter()
+        else:
+            self.new_tokens += tokens
+        self.done += tokens
+        self.progress(Progress(self.phase, min(self.done, self.total), self.total))
+
+    def rate(self) -> float | None:
+        if not self.new_tokens or self.started is None:
+            return None
+        return self.new_tokens / (time.perf_counter() - self.started)
+
+
+def _forward_costs(draft: torch.nn.Module, target: LoadedModel) -> dict[str, float]:
+    """One decode step of each, in the target's precision, with a 200-token cache."""
+    context = min(200, target.context_length - 2)
+    timed_draft = copy.deepcopy(draft).to(dtype=target.dtype).eval()
+    target_ms = forward_ms(target.model, context)
+    draft_ms = forward_ms(timed_draft, context)
+    return {"target_forward_ms": target_ms, "draft_forward_ms": draft_ms, "forward_cost_ratio": draft_ms / target_ms}

@@ -1,0 +1,177 @@
+"""`tandem distill` end to end on a tiny random target: the draft loads, learns, resumes, and
+is compatible with its target. Each run takes a few seconds."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from engine.compat import check_pair_compatible
+from engine.config import ConfigError, ModelSpec
+from engine.distill import command
+from engine.distill.command import add_distill_command
+from engine.distill.pipeline import Distillation, Progress
+from engine.distill.train import CHECKPOINT_NAME
+from engine.models import load_model, load_tokenizer_only
+from tests.engine.tiny_models import tiny_llama
+
+WORDS = [f"w{i}" for i in range(60)]  # with 4 special tokens: a 64-token vocabulary
+TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<s>{% endif %}"
+)
+# Small enough for seconds, large enough for several epochs of many steps.
+RUN_ARGUMENTS = ["--size", "tiny", "--tokens", "2000", "--max-new-tokens", "16", "--epochs", "6", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # On a busy 2-core machine, two threads spin-wait for each other on every tiny matmul:
+    # one thread runs these models ~50× faster.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory, make_word_tokenizer) -> Path:
+    folder = tmp_path_factory.mktemp("distill-target")
+    tokenizer = make_word_tokenizer(WORDS, chat_template=TEMPLATE)
+    tiny_llama(seed=5, vocab_size=len(tokenizer), layers=2, hidden=128).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory) -> Path:
+    rng = random.Random(0)
+    lines = [json.dumps({"prompt": " ".join(rng.choices(WORDS, k=rng.randint(2, 6)))}) for _ in range(40)]
+    path = tmp_path_factory.mktemp("distill-prompts") / "prompts.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def distill(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    add_distill_command(parser.add_subparsers())
+    args = parser.parse_args(["distill", *argv])
+    return args.run(args)
+
+
+def start_arguments(target: Path, out: Path, prompts: Path) -> list[str]:
+    return ["--target", str(target), "--out", str(out), "--prompts", str(prompts), *RUN_ARGUMENTS]
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(folder / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_target, prompts_file, tmp_path_factory) -> Path:
+    """A run from start to end in one go."""
+    out = tmp_path_factory.mktemp("distill-run") / "draft"
+    assert distill(*start_arguments(tiny_target, out, prompts_file)) == 0
+    return out
+
+
+def test_a_tiny_run_yields_a_loadable_draft_that_learned(finished_run, tiny_target):
+    out = finished_run
+    report = json.loads((out / "report.json").read_text())
+    assert report["heldout_kl"] < 0.8 * report["heldout_kl_initial"]
+    assert report["heldout_agreement"] > report["heldout_agreement_initial"]
+    assert report["training_tokens"] >= 2000
+    draft = load_model(ModelSpec(str(out), precision="fp32", device="cpu"))
+    target = load_model(ModelSpec(str(tiny_target), precision="fp32", device="cpu"))
+    assert draft.model.config.vocab_size == target.model.config.vocab_size
+    check_pair_compatible(target.tokenizer, draft.tokenizer)
+    check_pair_compatible(load_tokenizer_only(ModelSpec(str(tiny_target))), load_tokenizer_only(ModelSpec(str(out))))
+
+
+def test_an_interrupted_run_resumes_from_its_checkpoint(tiny_target, prompts_file, tmp_path, monkeypatch, finished_run):
+    out = tmp_path / "draft"
+    checkpoint = out / "distill-work" / CHECKPOINT_NAME
+
+    # 1. pause at a step limit
+    assert distill(*start_arguments(tiny_target, out, prompts_file), "--stop-after-steps", "3") == 0
+    assert torch.load(checkpoint, weights_only=True)["step"] == 3
+    assert not (out / "config.json").exists()
+    with pytest.raises(ConfigError, match="--resume"):
+        distill(*start_arguments(tiny_target, out, prompts_file))  # the folder is taken
+    with pytest.raises(ConfigError, match="--tokens"):
+        distill("--out", str(out), "--resume", "--tokens", "5000")  # a resumed run keeps its settings
+
+    # 2. Ctrl-C during step 5: the run finishes that step, saves, and exits with 130
+    original_update = command._Bars.update
+
+    def interrupt_at_step_5(bars, progress: Progress) -> None:
+        original_update(bars, progress)
+        if progress.phase == "training" and progress.done == 5:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(command._Bars, "update", interrupt_at_step_5)
+    assert distill("--out", str(out), "--resume") == command.INTERRUPTED_EXIT_CODE
+    monkeypatch.undo()
+    interrupted = torch.load(checkpoint, weights_only=True)
+    assert interrupted["step"] == 5
+    assert interrupted["examples_seen"] == 5 * 16
+
+    # 3. resume to the end: the step counter continues from 5
+    steps_seen: list[int] = []
+
+    def record(progress: Progress) -> None:
+        if progress.phase == "training":
+            steps_seen.append(progress.done)
+
+    outcome = Distillation.resume(out, "cpu").run(progress=record)
+    assert outcome.status == "finished"
+    assert steps_seen[0] == 5 and steps_seen[1] == 6
+    assert outcome.step == outcome.total_steps == steps_seen[-1]
+    final = weights(out)
+    embedding = "model.embed_tokens.weight"
+    assert not torch.equal(final[embedding], interrupted["model"][embedding])
+    # Batches follow from the step number and the optimizer state is restored, so the
+    # interruptions changed nothing: the draft is the one an uninterrupted run trains.
+    uninterrupted = weights(finished_run)
+    assert all(torch.equal(final[name], uninterrupted[name]) for name in final)
+
+
+def test_data_generation_resumes_with_the_same_replies(tiny_target, prompts_file, tmp_path, finished_run):
+    out = tmp_path / "draft"
+    assert distill(*start_arguments(tiny_target, out, prompts_file), "--stop-after-steps", "0") == 0
+    work = out / "distill-work"
+    shards = sorted(work.glob("train-*.pt"))
+    assert len(shards) > 2
+    for shard in shards[2:]:
+        shard.unlink()  # as if stopped while writing the third shard
+
+    counts: list[int] = []
+
+    def stop_after_one_new_batch(progress: Progress) -> None:
+        if progress.phase == "training data":
+            counts.append(progress.done)  # the first count is what the shards on disk hold
+
+    def stop_requested() -> bool:
+        return len(counts) > 1
+
+    stopped = Distillation.resume(out, "cpu").run(stop_requested, stop_after_one_new_batch)
+    assert stopped.status == "stopped"
+    assert len(list(work.glob("train-*.pt"))) == 3
+    assert Distillation.resume(out, "cpu").run(max_steps=0).status == "paused"
+    for shard in shards:
+        assert torch.equal(
+            torch.load(shard, weights_only=True)["sequences"][0]["top_logprobs"],
+            torch.load(finished_run / "distill-work" / shard.name, weights_only=True)["sequences"][0]["top_logprobs"],
+        )
+
+
+def test_resume_needs_a_run_to_resume(tmp_path):
+    with pytest.raises(ConfigError, match="nothing to resume"):
+        distill("--out", str(tmp_path / "empty"), "--resume")
