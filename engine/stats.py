@@ -86,5 +86,4 @@ class GenerationStats:
 
     def snapshot(self) -> GenerationStats:
         """An independent copy, safe to hand to another thread."""
-        copy = GenerationStats(**{k: v for k, v in asdict(self).items()})
-        return copy
+        return GenerationStats(**asdict(self))  # asdict copies the lists too
