@@ -1,0 +1,93 @@
+"""End to end through the real pieces: a tiny random target, a tiny random draft model
+sampling with temperature, top-k and top-p, full rounds with cache rollback. The first two
+emitted tokens must follow the target's own (processed) distribution exactly."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from engine.decoding import speculative_round
+from engine.drafters.base import DraftProposal
+from engine.drafters.model_drafter import ModelDrafter
+from engine.sampling import Sampler
+from tests.engine.tiny_models import cached, tiny_llama
+
+VOCAB = 8
+PROMPT = [1, 5, 2]
+SAMPLES = 2000
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Tiny models spend their time in per-op overhead; a second thread only adds sync cost.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class LyingDrafter(ModelDrafter):
+    """A plausible bug: the draft reports distributions other than those it sampled from."""
+
+    def propose(self, context, max_tokens, sampler):
+        proposal = super().propose(context, max_tokens, sampler)
+        return DraftProposal(proposal.tokens, torch.full_like(proposal.probs, 1 / VOCAB), proposal.forward_calls)
+
+
+def exact_two_token_distribution(target_model, sampler: Sampler) -> dict[tuple[int, int], float]:
+    with torch.inference_mode():
+        first = sampler.probabilities(target_model(torch.tensor([PROMPT])).logits[0, -1:])[0]
+        second = sampler.probabilities(
+            target_model(torch.tensor([PROMPT + [x] for x in range(VOCAB)])).logits[:, -1]
+        )  # (V, V): row x is p(. | prompt, x)
+    return {(a, b): float(first[a] * second[a, b]) for a in range(VOCAB) for b in range(VOCAB)}
+
+
+def chi_square(counts: Counter, expected: dict, samples: int) -> tuple[float, int]:
+    statistic, bins, pooled_expected, pooled_observed = 0.0, 0, 0.0, 0
+    for cell, probability in expected.items():
+        if probability * samples < 5:
+            pooled_expected += probability * samples
+            pooled_observed += counts[cell]
+            continue
+        statistic += (counts[cell] - probability * samples) ** 2 / (probability * samples)
+        bins += 1
+    if pooled_expected > 0:
+        statistic += (pooled_observed - pooled_expected) ** 2 / pooled_expected
+        bins += 1
+    return statistic, bins - 1
+
+
+def critical_value(df: int) -> float:
+    """Wilson-Hilferty approximation of the chi-square 0.999 quantile."""
+    return df * (1 - 2 / (9 * df) + 3.0902 * math.sqrt(2 / (9 * df))) ** 3
+
+
+def first_two_tokens(drafter_class, verifier: str, seed: int) -> tuple[Counter, dict]:
+    target_model = tiny_llama(seed=1, vocab_size=VOCAB)
+    draft_model = tiny_llama(seed=2, vocab_size=VOCAB)
+    sampler = Sampler(temperature=1.3, top_k=6, top_p=0.9, generator=torch.Generator().manual_seed(seed))
+    target, drafter = cached(target_model), drafter_class(cached(draft_model), VOCAB)
+    counts: Counter = Counter()
+    for _ in range(SAMPLES):
+        context = list(PROMPT)
+        while len(context) < len(PROMPT) + 2:
+            context += speculative_round(target, drafter, context, 2, sampler, verifier).tokens
+        counts[tuple(context[len(PROMPT) : len(PROMPT) + 2])] += 1
+    return counts, exact_two_token_distribution(target_model, sampler)
+
+
+@pytest.mark.parametrize("verifier", ["token", "block"])
+def test_sampled_chain_follows_the_target_distribution(verifier):
+    counts, expected = first_two_tokens(ModelDrafter, verifier, seed=5)
+    statistic, df = chi_square(counts, expected, SAMPLES)
+    assert statistic <= critical_value(df), f"chi-square {statistic:.1f} on {df} df"
+
+
+def test_a_draft_that_misreports_its_distribution_is_caught():
+    counts, expected = first_two_tokens(LyingDrafter, "block", seed=5)
+    statistic, df = chi_square(counts, expected, SAMPLES)
+    assert statistic > critical_value(df), f"a lying draft passed: chi-square {statistic:.1f} on {df} df"
