@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import platformdirs
 from PySide6.QtCore import QEventLoop
 from PySide6.QtWidgets import QApplication
+
+from tests.app.scratch_home import use_scratch_home
 
 from tests.app.probe import INTERVAL_MS, EventLoopProbe
 
@@ -32,11 +31,7 @@ def wait_for(signal) -> None:
 
 def main() -> int:
     max_new_tokens = int(sys.argv[1]) if len(sys.argv) > 1 else 512
-    home = Path(tempfile.mkdtemp(prefix="tandem-probe-"))
-    os.environ["TANDEM_HOME"] = str(home)
-    cache = Path(platformdirs.user_cache_dir("tandem"))
-    cache.mkdir(parents=True, exist_ok=True)
-    (home / "cache").symlink_to(cache, target_is_directory=True)
+    use_scratch_home("tandem-probe-")
 
     from app.engine_api import LocalEngine
     from app.main_window import MainWindow

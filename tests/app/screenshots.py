@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import platformdirs
 from PySide6.QtCore import QEventLoop, QTimer
 from PySide6.QtWidgets import QApplication, QWidget
+
+from tests.app.scratch_home import use_scratch_home
 
 SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 FIRST_QUESTION = "What is speculative decoding? Answer in two short paragraphs."
@@ -61,11 +61,8 @@ def tiny_character_model(folder: Path) -> Path:
 
 
 def main() -> int:
-    home = Path(tempfile.mkdtemp(prefix="tandem-screenshots-"))
-    os.environ["TANDEM_HOME"] = str(home)
-    cache = Path(platformdirs.user_cache_dir("tandem"))
-    cache.mkdir(parents=True, exist_ok=True)
-    (home / "cache").symlink_to(cache, target_is_directory=True)
+    home = use_scratch_home("tandem-screenshots-")
+    cache = home / "cache"
 
     from app.engine_api import LocalEngine
     from app.main_window import MainWindow
