@@ -35,7 +35,12 @@ NAME_ROLE = Qt.ItemDataRole.UserRole
 METHOD_LABELS = {
     "ar": "ar: plain decoding, one target call per token (the reference)",
     "chain": "chain: the draft proposes K tokens, the target verifies them in one call",
+    "tree": "tree: the draft proposes a tree of alternatives, the target verifies all of it in one call",
+    "staged": "staged: a tree whose drafting is itself sped up by an n-gram model (fastest)",
+    "ngram": "ngram: an n-gram model of the conversation drafts K tokens, no draft model",
 }
+TREE_METHODS = ("tree", "staged")
+TREE_SHAPES = ("auto", "8x3", "16x4", "24x5", "32x6", "64x8")
 
 
 def pair_summary(pair: PairConfig) -> str:
@@ -57,6 +62,13 @@ class DecodingForm(QWidget):
         self.draft_tokens = QSpinBox()
         self.draft_tokens.setRange(1, 64)
         self.draft_tokens.setToolTip("K: how many tokens the draft proposes per target call")
+        self.tree_shape = QComboBox()
+        self.tree_shape.setEditable(True)
+        self.tree_shape.addItems(TREE_SHAPES)
+        self.tree_shape.setToolTip(
+            "Tree size: auto chooses it every round from the measured cost of verifying on this device "
+            "and the acceptance seen so far; BUDGETxDEPTH fixes the drafted tokens per target call and the longest path"
+        )
         self.verifier = QComboBox()
         for name, label, exact in verifiers:
             self.verifier.addItem(label if exact else f"{label} (approximate: output may differ from the target's)", name)
@@ -82,6 +94,7 @@ class DecodingForm(QWidget):
 
         form.addRow("Method", self.method)
         form.addRow("Draft tokens (K)", self.draft_tokens)
+        form.addRow("Tree shape", self.tree_shape)
         form.addRow("Verifier", self.verifier)
         form.addRow("Temperature", self.temperature)
         form.addRow("Top-p", self.top_p)
@@ -97,6 +110,7 @@ class DecodingForm(QWidget):
     def set_settings(self, settings: DecodeSettings) -> None:
         self.method.setCurrentIndex(max(self.method.findData(settings.method), 0))
         self.draft_tokens.setValue(settings.draft_tokens)
+        self.tree_shape.setCurrentText(settings.tree_shape)
         self.verifier.setCurrentIndex(max(self.verifier.findData(settings.verifier), 0))
         self.temperature.setValue(settings.temperature)
         self.top_p.setValue(settings.top_p)
@@ -109,6 +123,7 @@ class DecodingForm(QWidget):
         return base.with_changes(
             method=self.method.currentData(),
             draft_tokens=self.draft_tokens.value(),
+            tree_shape=self.tree_shape.currentText().strip() or "auto",
             verifier=self.verifier.currentData() or base.verifier,
             temperature=round(self.temperature.value(), 2),
             top_p=round(self.top_p.value(), 2),
@@ -119,14 +134,20 @@ class DecodingForm(QWidget):
 
     def _update_enabled(self) -> None:
         drafting = self.method.currentData() != "ar"
+        tree = self.method.currentData() in TREE_METHODS
         sampling = self.temperature.value() > 0
-        self.draft_tokens.setEnabled(drafting)
-        self.verifier.setEnabled(drafting and sampling and self.verifier.count() > 0)
+        self.draft_tokens.setEnabled(drafting and not tree)
+        self.tree_shape.setEnabled(tree)
+        self.verifier.setEnabled(drafting and not tree and sampling and self.verifier.count() > 0)
         for knob in (self.top_p, self.top_k, self.seed):
             knob.setEnabled(sampling)
         notes = []
         if not drafting:
             notes.append("ar drafts nothing, so K and the verifier do not apply.")
+        if tree:
+            notes.append(
+                "Trees are verified exactly (one target sample per visited node); the tree shape replaces K."
+            )
         if not sampling:
             notes.append(
                 "Temperature 0 is greedy: a draft token is kept exactly when it is the target's top choice, "

@@ -5,6 +5,7 @@ processes) hits all of them alike, and every ratio compares numbers taken in the
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -20,13 +21,15 @@ import torch
 import transformers
 
 from .chat_prompt import Message, build_prompt
-from .config import ConfigError, DecodeSettings
+from .config import DEMO_TARGET, ConfigError, DecodeSettings
 from .events import Finished
 from .session import LoadedPair
 from .stats import GenerationStats
 
-ENGINE_METHODS = ("ar", "chain")
-PEER_METHODS = ("hf-assisted",)
+ENGINE_METHODS = ("ar", "chain", "tree", "staged", "ngram")
+# Peers: transformers' assisted generation on the same weights, and llama.cpp's plain
+# generation of the same target file (the number a CPU user compares with).
+PEER_METHODS = ("hf-assisted", "llamacpp-ar")
 ALL_METHODS = ENGINE_METHODS + PEER_METHODS
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "resources" / "prompts" / "chat_prompts.jsonl"
 
@@ -54,6 +57,10 @@ class MethodResult:
         proposed = sum(s.draft_tokens_proposed for s in with_stats)
         accepted = sum(s.draft_tokens_accepted for s in with_stats)
         target_calls = sum(s.target_calls for s in with_stats)
+        draft_calls = sum(s.draft_calls for s in with_stats)
+        stage_proposed = sum(s.stage_tokens_proposed for s in with_stats)
+        stage_accepted = sum(s.stage_tokens_accepted for s in with_stats)
+        tree_nodes = sum(s.tree_nodes_verified for s in with_stats)
         tokens_per_s = tokens / seconds if seconds > 0 else 0.0
         summary = {
             "method": self.method,
@@ -64,6 +71,12 @@ class MethodResult:
             "acceptance_rate": accepted / proposed if proposed else None,
             "mean_accepted_per_target_call": tokens / target_calls if with_stats and target_calls else None,
             "target_calls_per_token": target_calls / tokens if with_stats and tokens else None,
+            "draft_calls_per_target_call": draft_calls / target_calls if with_stats and target_calls else None,
+            "draft_stage_acceptance": stage_accepted / stage_proposed if stage_proposed else None,
+            "tree_nodes_per_target_call": tree_nodes / target_calls if tree_nodes and target_calls else None,
+            "acceptance_by_depth": _acceptance_by_position(with_stats),
+            "draft_time_s": sum(s.draft_time_s for s in with_stats),
+            "target_time_s": sum(s.target_time_s for s in with_stats),
             "exact_match_vs_ar": None,
             "peak_rss_mb": self.peak_rss_mb,
             "per_prompt": [
@@ -86,6 +99,20 @@ class MethodResult:
         return summary
 
 
+def _acceptance_by_position(stats: list[GenerationStats]) -> list[float]:
+    """Of the rounds that drafted at least d tokens deep, the share that kept d of them."""
+    proposed: list[int] = []
+    accepted: list[int] = []
+    for one in stats:
+        for position, (p, a) in enumerate(zip(one.proposed_by_position, one.accepted_by_position)):
+            if position == len(proposed):
+                proposed.append(0)
+                accepted.append(0)
+            proposed[position] += p
+            accepted[position] += a
+    return [a / p if p else 0.0 for a, p in zip(accepted, proposed)]
+
+
 def read_prompts(path: Path) -> list[str]:
     prompts = []
     try:
@@ -102,6 +129,12 @@ def read_prompts(path: Path) -> list[str]:
     if not prompts:
         raise ConfigError(f"{path} holds no prompts")
     return prompts
+
+
+def available_methods(pair: LoadedPair) -> list[str]:
+    """Every method this pair can run here: its own, and the peers whose libraries are installed."""
+    peers = [m for m in PEER_METHODS if m != "llamacpp-ar" or importlib.util.find_spec("llama_cpp") is not None]
+    return [m for m in ENGINE_METHODS if m in pair.methods] + peers
 
 
 def parse_methods(text: str, available: tuple[str, ...]) -> list[str]:
@@ -122,6 +155,11 @@ class Bench:
         self.settings = settings
 
     def run(self, prompts: list[str], methods: list[str], progress: Callable[[str], None] = print) -> dict:
+        unsupported = [m for m in methods if m in ENGINE_METHODS and m not in self.pair.methods]
+        if unsupported:
+            raise ConfigError(
+                f"the pair {self.pair.config.name!r} cannot run {unsupported[0]!r}; it offers {', '.join(self.pair.methods)}"
+            )
         runners = {method: self._runner(method) for method in methods}
         progress("warming up…")
         for method in methods:
@@ -147,6 +185,8 @@ class Bench:
     def _runner(self, method: str) -> Callable[..., tuple[tuple[int, ...], float, GenerationStats | None]]:
         if method in ENGINE_METHODS:
             return lambda prompt, max_new_tokens: self._run_engine(method, prompt, max_new_tokens)
+        if method == "llamacpp-ar":
+            return LlamaCppRunner(self.pair, self.settings)
         return self._run_hf_assisted
 
     def _run_engine(self, method: str, prompt: str, max_new_tokens: int):
@@ -187,6 +227,50 @@ class Bench:
                 new_tokens = new_tokens[:index]
                 break
         return tuple(new_tokens), seconds, None
+
+
+class LlamaCppRunner:
+    """llama-cpp-python's plain generation (`Llama.create_chat_completion`) of the target's
+    GGUF file, with the same prompts and token budget; greedy, or sampled alike."""
+
+    def __init__(self, pair: LoadedPair, settings: DecodeSettings):
+        try:
+            from llama_cpp import Llama
+        except ImportError as error:
+            raise ConfigError(
+                "llamacpp-ar needs llama-cpp-python: pip install llama-cpp-python (it compiles, ~5 minutes)"
+            ) from error
+        gguf = _target_gguf(pair)
+        if gguf is None:
+            raise ConfigError("llamacpp-ar needs a target given as a .gguf file (the demo target is one)")
+        self.settings = settings
+        self.llm = Llama(
+            model_path=str(gguf), n_ctx=pair.context_length, n_threads=torch.get_num_threads(), seed=settings.seed or 0, verbose=False
+        )
+
+    def __call__(self, prompt: str, max_new_tokens: int):
+        settings = self.settings
+        sampling = {"temperature": 0.0, "top_k": 1} if settings.greedy else {
+            "temperature": settings.temperature, "top_p": settings.top_p, "top_k": settings.top_k,
+        }
+        self.llm.reset()  # no reuse of another run's prefill
+        started = time.perf_counter()
+        reply = self.llm.create_chat_completion(
+            messages=[{"role": "user", "content": prompt}], max_tokens=max_new_tokens, **sampling
+        )
+        seconds = time.perf_counter() - started
+        text = reply["choices"][0]["message"]["content"] or ""
+        token_ids = tuple(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+        return token_ids, seconds, None
+
+
+def _target_gguf(pair: LoadedPair) -> Path | None:
+    from .models import demo_gguf_path
+
+    source = pair.config.target.source
+    if source == DEMO_TARGET:
+        return demo_gguf_path()
+    return Path(source) if source.endswith(".gguf") else None
 
 
 @contextmanager
@@ -238,7 +322,10 @@ def _cpu_name() -> str:
 
 
 def format_table(report: dict) -> str:
-    header = f"{'method':<12} {'tok/s':>7} {'vs ar':>6} {'accept':>7} {'tok/call':>8} {'calls/tok':>9} {'exact':>6} {'peak MB':>8}"
+    header = (
+        f"{'method':<12} {'tok/s':>7} {'vs ar':>6} {'accept':>7} {'tok/call':>8} {'calls/tok':>9} "
+        f"{'drafts/call':>11} {'stage acc':>9} {'exact':>6} {'peak MB':>8}"
+    )
     lines = [header, "-" * len(header)]
 
     def show(value, pattern: str) -> str:
@@ -248,7 +335,8 @@ def format_table(report: dict) -> str:
         lines.append(
             f"{row['method']:<12} {row['tokens_per_s']:>7.1f} {show(row['speedup_vs_ar'], '{:.2f}x'):>6} "
             f"{show(row['acceptance_rate'], '{:.3f}'):>7} {show(row['mean_accepted_per_target_call'], '{:.2f}'):>8} "
-            f"{show(row['target_calls_per_token'], '{:.3f}'):>9} {show(row['exact_match_vs_ar'], '{:.2f}'):>6} "
+            f"{show(row['target_calls_per_token'], '{:.3f}'):>9} {show(row['draft_calls_per_target_call'], '{:.2f}'):>11} "
+            f"{show(row['draft_stage_acceptance'], '{:.3f}'):>9} {show(row['exact_match_vs_ar'], '{:.2f}'):>6} "
             f"{row['peak_rss_mb']:>8.0f}"
         )
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .config import DEVICES, METHODS, PRECISIONS, VERIFIERS, ConfigError, DecodeSettings, ModelSpec, PairConfig
 from .distill.command import add_distill_command
+from .drafters.ngram_table import add_ngram_table_command
 from .errors import TandemError
 
 
@@ -54,11 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     _add_decoding_arguments(bench, default_max_new_tokens=128)
     bench.add_argument("--prompts", type=Path, help="JSON Lines file with a \"prompt\" key per line (default: shipped set)")
     bench.add_argument("--limit", type=int, help="use only the first N prompts")
-    bench.add_argument("--methods", default="ar,chain", help="comma-separated methods, or all (default: ar,chain)")
+    bench.add_argument("--methods", default="ar,chain", help="comma-separated methods (ar, chain, tree, staged, ngram, hf-assisted, llamacpp-ar), or all (default: ar,chain)")
     bench.add_argument("--json", type=Path, dest="json_out", help="write the full report here")
     bench.set_defaults(run=_run_bench)
 
     add_distill_command(commands)
+    add_ngram_table_command(commands)
     return parser
 
 
@@ -79,6 +81,10 @@ def _add_decoding_arguments(parser: argparse.ArgumentParser, default_max_new_tok
     parser.add_argument("--top-k", type=int, default=defaults.top_k)
     parser.add_argument("--draft-tokens", "-k", type=int, default=defaults.draft_tokens, help="K draft tokens per round")
     parser.add_argument("--verifier", choices=VERIFIERS, default=defaults.verifier)
+    parser.add_argument(
+        "--tree-shape", default=defaults.tree_shape,
+        help="tree and staged: auto (chosen from measurements) or BUDGETxDEPTH, e.g. 16x4 (default: auto)",
+    )
     parser.add_argument("--seed", type=int)
 
 
@@ -106,6 +112,7 @@ def _settings_from_args(args: argparse.Namespace) -> DecodeSettings:
         draft_tokens=args.draft_tokens,
         verifier=args.verifier,
         seed=args.seed,
+        tree_shape=args.tree_shape,
     )
 
 
@@ -127,7 +134,7 @@ def _run_chat(args: argparse.Namespace) -> int:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from .bench import ALL_METHODS, DEFAULT_PROMPTS, Bench, format_table, parse_methods, read_prompts
+    from .bench import ALL_METHODS, DEFAULT_PROMPTS, Bench, available_methods, format_table, parse_methods, read_prompts
 
     settings = _settings_from_args(args)
     methods = parse_methods(args.methods, ALL_METHODS)
@@ -135,6 +142,8 @@ def _run_bench(args: argparse.Namespace) -> int:
     if args.limit:
         prompts = prompts[: args.limit]
     pair = _load(_pair_from_args(args))
+    if args.methods.strip() == "all":
+        methods = available_methods(pair)
     report = Bench(pair, settings).run(prompts, methods, progress=lambda line: print(line, file=sys.stderr))
     print(format_table(report))
     if args.json_out:

@@ -10,7 +10,9 @@ from typing import Any
 
 PRECISIONS = ("auto", "int8", "bf16", "fp16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
-METHODS = ("ar", "chain")
+METHODS = ("ar", "chain", "tree", "staged", "ngram")
+# Methods that need a draft model; the others run with any pair.
+DRAFT_MODEL_METHODS = ("tree", "staged")
 VERIFIERS = ("token", "block")
 
 # What precision="auto" means. On the CPU, bf16 runs a forward faster than fp32, but its
@@ -93,7 +95,9 @@ class DecodeSettings:
     """How one reply is decoded.
 
     temperature 0 means greedy; top_k 0 and top_p 1.0 switch those filters off.
-    `draft_tokens` is K, the number of draft tokens verified per target call in `chain`.
+    `draft_tokens` is K, the number of draft tokens verified per target call in `chain`
+    and `ngram`. `tree_shape` is "auto" (chosen per round from measurements) or
+    "BUDGETxDEPTH", e.g. "16x4": drafted nodes verified per target call, longest path.
     """
 
     method: str = "chain"
@@ -105,6 +109,7 @@ class DecodeSettings:
     verifier: str = "block"
     seed: int | None = None
     stats_every_s: float = 0.25
+    tree_shape: str = "auto"
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -121,6 +126,19 @@ class DecodeSettings:
             raise ConfigError("top_k must not be negative")
         if not 1 <= self.draft_tokens <= 64:
             raise ConfigError("draft_tokens must be between 1 and 64")
+        self.fixed_tree_shape  # validates
+
+    @property
+    def fixed_tree_shape(self) -> tuple[int, int] | None:
+        """(budget, depth) of a fixed tree shape; None for "auto"."""
+        if self.tree_shape == "auto":
+            return None
+        budget, _, depth = self.tree_shape.partition("x")
+        if not (budget.isdigit() and depth.isdigit()) or not (1 <= int(budget) <= 128 and 1 <= int(depth) <= 32):
+            raise ConfigError(
+                f"tree shape {self.tree_shape!r} must be \"auto\" or BUDGETxDEPTH with a budget of 1-128 and a depth of 1-32, e.g. 16x4"
+            )
+        return int(budget), int(depth)
 
     @property
     def greedy(self) -> bool:

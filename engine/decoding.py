@@ -9,9 +9,12 @@ import time
 from dataclasses import dataclass
 
 from .drafters.base import Drafter
+from .drafters.tree_drafter import TreeDrafter
 from .events import Provenance
 from .kv import CachedModel
 from .sampling import Sampler
+from .tree import TokenTree, forward_tree, keep_path, verify_tree_greedy, verify_tree_sampled
+from .tree_shape import TreePolicy
 from .verify import verify_block, verify_greedy, verify_token_level
 
 
@@ -19,11 +22,14 @@ from .verify import verify_block, verify_greedy, verify_token_level
 class RoundOutcome:
     tokens: list[int]  # the accepted draft tokens, then the target's own token
     provenance: list[Provenance]
-    proposed: int
+    proposed: int  # draft tokens that could have been accepted: K for a chain, the depth of a tree
     accepted: int
     draft_calls: int
     draft_s: float
     target_s: float
+    tree_nodes: int = 0  # drafted nodes verified, for trees
+    stage_proposed: int = 0
+    stage_accepted: int = 0
 
 
 def speculative_round(
@@ -67,3 +73,60 @@ def speculative_round(
         draft_s=drafted - started,
         target_s=verified - drafted,
     )
+
+
+def tree_round(
+    target: CachedModel, drafter: TreeDrafter, context: list[int], policy: TreePolicy, sampler: Sampler
+) -> RoundOutcome:
+    """Draft a token tree, verify all of it in one target forward, keep the accepted path."""
+    if not policy.calibrated:
+        policy.calibrate(lambda tokens: _time_verify(target, context, tokens))
+    # 1. draft
+    started = time.perf_counter()
+    proposal = drafter.propose(context, policy.shape(), policy.choose_budget)
+    drafted = time.perf_counter()
+
+    # 2. verify the whole tree in one forward, then keep only the accepted path's entries
+    tree = proposal.tree
+    verify_tokens = len(target.pending(context)) + tree.drafted
+    logits = forward_tree(target, context, tree)  # (N, V)
+    if sampler.greedy:
+        verdict = verify_tree_greedy(tree, logits)
+    else:
+        verdict = verify_tree_sampled(tree, logits, sampler)
+    keep_path(target, len(context), verdict.path)
+    verified = time.perf_counter()
+    drafter.commit(len(context), proposal, verdict.path)
+
+    kept = [tree.tokens[node] for node in verdict.path]
+    own = Provenance.BONUS if verdict.path and not tree.child_count(verdict.path[-1]) else Provenance.TARGET
+    policy.record(
+        tree.depths, proposal.scores, len(verdict.path), len(kept) + 1,
+        drafted - started, proposal.draft_calls, verify_tokens, verified - drafted, time.perf_counter() - started,
+    )
+    return RoundOutcome(
+        tokens=kept + [verdict.next_token],
+        provenance=[Provenance.DRAFT] * len(kept) + [own],
+        proposed=tree.depth,
+        accepted=len(kept),
+        draft_calls=proposal.draft_calls,
+        draft_s=drafted - started,
+        target_s=verified - drafted,
+        tree_nodes=tree.drafted,
+        stage_proposed=proposal.stage_proposed,
+        stage_accepted=proposal.stage_accepted,
+    )
+
+
+def _time_verify(target: CachedModel, context: list[int], tokens: int) -> float:
+    """Seconds of one target forward over `tokens` new tokens after `context`; the cache is
+    left holding the context, as before."""
+    filler = TokenTree.chain(context[-1], [context[-1]] * max(tokens - 1, 0))
+    pending = target.pending(context)
+    if len(pending) > 1:  # what the context still lacks is not part of the timing
+        target.forward(pending[:-1])
+    started = time.perf_counter()
+    forward_tree(target, context, filler)
+    seconds = time.perf_counter() - started
+    target.crop(len(context) - 1)
+    return seconds

@@ -59,6 +59,49 @@ class CachedModel:
         self.forward_calls += 1
         return output.logits[0].float()  # (logits_wanted, V)
 
+    def forward_masked(
+        self, new_ids: list[int], position_ids: list[int], allowed: torch.Tensor, logits_wanted: int
+    ) -> torch.Tensor:
+        """Append `new_ids` with explicit positions and attention pattern: `allowed` (T, len + T)
+        says which cached slots and which new tokens each new token may see. This is how a
+        token tree is run in one forward. Returns float32 logits for the last `logits_wanted`."""
+        dtype = self.model.dtype if self.model.dtype.is_floating_point else torch.float32
+        # Additive mask, (1, 1, T, len + T): 0 where allowed, the dtype's most negative
+        # value elsewhere (not -inf, which turns a fully masked row into NaN).
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
+        mask.masked_fill_(~allowed.to(self.device), torch.finfo(dtype).min)
+        with torch.inference_mode():
+            output = self.model(
+                input_ids=torch.tensor([new_ids], device=self.device),
+                position_ids=torch.tensor([position_ids], device=self.device),
+                attention_mask=mask[None, None],
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=logits_wanted,
+            )
+        self.cached_ids.extend(new_ids)
+        self.forward_calls += 1
+        return output.logits[0].float()
+
+    def keep_slots(self, prefix: int, extra_slots: list[int]) -> None:
+        """Compact the cache in place to its first `prefix` slots followed by `extra_slots`
+        (ascending, all >= prefix): a verified tree path keeps its keys and values, the
+        rejected branches are dropped, and nothing is recomputed."""
+        if any(slot < prefix for slot in extra_slots) or extra_slots != sorted(extra_slots):
+            raise ValueError("extra slots must be ascending and lie past the prefix")
+        moved = [(slot, prefix + offset) for offset, slot in enumerate(extra_slots) if slot != prefix + offset]
+        if moved:
+            source = torch.tensor([slot for slot, _ in moved], device=self.device)
+            destination = torch.tensor([to for _, to in moved], device=self.device)
+            with torch.inference_mode():  # the cache tensors are inference tensors
+                for layer in self.cache.layers:
+                    # The right-hand side is gathered before the write, so overlaps are safe.
+                    layer.keys[..., destination, :] = layer.keys[..., source, :]
+                    layer.values[..., destination, :] = layer.values[..., source, :]
+            for slot, to in moved:
+                self.cached_ids[to] = self.cached_ids[slot]
+        self.crop(prefix + len(extra_slots))
+
     def logits_for(self, context: list[int], extra: list[int] = ()) -> torch.Tensor:
         """Logits after the last token of `context` and after each of `extra`:
         (1 + len(extra), V), in one forward over whatever the cache lacks."""

@@ -68,6 +68,7 @@ class LoadedModel:
     precision: str
     label: str
     context_length: int
+    folder: Path | None = None  # where its files are, for companions such as an n-gram table
 
 
 def load_model(spec: ModelSpec, progress: ProgressCallback | None = None) -> LoadedModel:
@@ -84,6 +85,7 @@ def load_model(spec: ModelSpec, progress: ProgressCallback | None = None) -> Loa
         tokenizer=tokenizer,
         device=device,
         dtype=model.dtype,
+        folder=folder,
         precision=precision,
         label=source_label(spec),
         context_length=_context_length(model.config),

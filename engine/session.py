@@ -11,24 +11,28 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import psutil
 import torch
 
 from .chat_prompt import Message, build_prompt
 from .compat import check_pair_compatible
-from .config import DecodeSettings, PairConfig
-from .decoding import RoundOutcome, speculative_round
+from .config import DRAFT_MODEL_METHODS, ConfigError, DecodeSettings, PairConfig
+from .decoding import RoundOutcome, speculative_round, tree_round
 from .detokenize import IncrementalDetokenizer
+from .drafters.backoff_ngram import TABLE_FILE, BackoffNgram, BackoffNgramDrafter, NgramCounts
 from .drafters.base import Drafter, NoDrafter
 from .drafters.model_drafter import ModelDrafter
 from .drafters.ngram import NgramDrafter
+from .drafters.tree_drafter import TreeDrafter, TreeShape
 from .errors import OutOfMemoryError
 from .events import Event, Finished, PromptPrepared, Provenance, StatsUpdate, TextDelta
 from .kv import CachedModel
 from .models import LoadedModel, load_model
 from .sampling import Sampler
 from .stats import GenerationStats
+from .tree_shape import AutoTreeShape, FixedTreeShape, TreePolicy
 
 ProgressCallback = Callable[[str, "float | None"], None]
 
@@ -48,16 +52,26 @@ class LoadedPair:
         self.target_runner = CachedModel(target.model, target.device)
         self.tokenizer = target.tokenizer
         self.vocab_size = target.model.get_output_embeddings().weight.shape[0]
+        self.ngram_model = BackoffNgram(self.vocab_size, _background_table(draft))
+        self.tree_drafters: dict[str, TreeDrafter] = {}
         if draft is not None:
-            self.drafter: Drafter = ModelDrafter(CachedModel(draft.model, draft.device), self.vocab_size)
+            # One draft cache serves every method: each round starts by syncing it with the context.
+            draft_runner = CachedModel(draft.model, draft.device)
+            self.drafter: Drafter = ModelDrafter(draft_runner, self.vocab_size)
+            self.tree_drafters = {
+                "tree": TreeDrafter(draft_runner, self.vocab_size),
+                "staged": TreeDrafter(draft_runner, self.vocab_size, second_stage=self.ngram_model),
+            }
         else:
             self.drafter = NgramDrafter(config.ngram.max_ngram, config.ngram.min_ngram)
+        # Automatic tree shapes keep what they learnt (costs, acceptance per depth) across replies.
+        self.auto_tree_shapes = {method: AutoTreeShape() for method in self.tree_drafters}
         self.context_length = min(target.context_length, draft.context_length if draft else target.context_length)
         self.stop_token_ids = _stop_token_ids(target)
 
     @property
     def methods(self) -> tuple[str, ...]:
-        return ("ar", "chain")
+        return ("ar", "chain", "ngram") + tuple(self.tree_drafters)
 
     @property
     def verifiers(self) -> tuple[tuple[str, str, bool], ...]:
@@ -76,7 +90,18 @@ class LoadedPair:
         }
 
     def drafter_for(self, method: str) -> Drafter:
-        return NoDrafter() if method == "ar" else self.drafter
+        if method == "ar":
+            return NoDrafter()
+        if method == "ngram":
+            return BackoffNgramDrafter(self.ngram_model)
+        return self.drafter
+
+    def tree_policy(self, settings: DecodeSettings) -> TreePolicy:
+        fixed = settings.fixed_tree_shape
+        if fixed is None:
+            return self.auto_tree_shapes[settings.method]
+        budget, depth = fixed
+        return FixedTreeShape(TreeShape(budget=budget, depth=depth))
 
     def generate(
         self, messages: list[Message], settings: DecodeSettings, system_prompt: str | None = None
@@ -87,11 +112,11 @@ class LoadedPair:
         """Forget cached prefixes, so the next generation starts with a full prefill."""
         self.target_runner.reset()
         self.drafter.reset()
+        self.ngram_model.reset()
 
     def close(self) -> None:
         """Drop the models so their memory can be reclaimed."""
-        self.target_runner.reset()
-        self.drafter.reset()
+        self.reset_caches()
         self.target = self.draft = None  # type: ignore[assignment]
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -124,7 +149,13 @@ class Generation:
 
     def _run(self) -> Iterator[Event]:
         pair, settings = self.pair, self.settings
-        lookahead = settings.draft_tokens + 1 if settings.method != "ar" else 1
+        if settings.method not in pair.methods:
+            needs = " (it needs a draft model)" if settings.method in DRAFT_MODEL_METHODS else ""
+            raise ConfigError(f"The pair {pair.config.name!r} cannot decode with {settings.method!r}{needs}.")
+        tree_drafter = pair.tree_drafters.get(settings.method)
+        policy = pair.tree_policy(settings) if tree_drafter else None
+        longest_tree = policy.shape().depth if policy else 0
+        lookahead = max(settings.draft_tokens, longest_tree) + 1 if settings.method != "ar" else 1
         reserve = min(settings.max_new_tokens + lookahead, pair.context_length // 2)
         prompt = build_prompt(pair.tokenizer, self.messages, self.system_prompt, pair.context_length - reserve)
         yield PromptPrepared(len(prompt.token_ids), prompt.dropped_messages, pair.context_length)
@@ -146,10 +177,13 @@ class Generation:
             room = pair.context_length - len(context) - 1
             if room < 1:
                 break  # the context is full: stop with "length"
-            draft_budget = 0 if settings.method == "ar" else min(settings.draft_tokens, room - 1)
-            outcome = speculative_round(
-                pair.target_runner, drafter, context, max(draft_budget, 0), sampler, settings.verifier
-            )
+            if policy is not None and room > AutoTreeShape().max_depth + 1:
+                outcome = tree_round(pair.target_runner, tree_drafter, context, policy, sampler)
+            else:  # near the end of the context window a tree may not fit: plain steps
+                draft_budget = 0 if settings.method == "ar" or policy else min(settings.draft_tokens, room - 1)
+                outcome = speculative_round(
+                    pair.target_runner, drafter, context, max(draft_budget, 0), sampler, settings.verifier
+                )
             tokens, kinds, hit_stop = self._trim(outcome, settings.max_new_tokens - len(reply))
             _count_round(stats, outcome)
             context += tokens
@@ -194,8 +228,19 @@ def _count_round(stats: GenerationStats, outcome: RoundOutcome) -> None:
     stats.draft_calls += outcome.draft_calls
     stats.draft_time_s += outcome.draft_s
     stats.target_time_s += outcome.target_s
+    stats.tree_nodes_verified += outcome.tree_nodes
+    stats.stage_tokens_proposed += outcome.stage_proposed
+    stats.stage_tokens_accepted += outcome.stage_accepted
     if outcome.proposed:
         stats.record_round(outcome.proposed, outcome.accepted)
+
+
+def _background_table(draft: LoadedModel | None) -> NgramCounts | None:
+    """The n-gram table shipped in the draft's folder, if there is one."""
+    folder = getattr(draft, "folder", None) if draft is not None else None
+    if folder is None or not (Path(folder) / TABLE_FILE).is_file():
+        return None
+    return NgramCounts.load(Path(folder) / TABLE_FILE)
 
 
 def _generator(seed: int | None) -> torch.Generator:

@@ -24,6 +24,11 @@ class GenerationStats:
     draft_time_s: float = 0.0
     target_time_s: float = 0.0
     prompt_tokens: int = 0
+    # Trees: drafted nodes the target verified. Second stage: n-gram tokens the draft model
+    # scored, and how many of them it kept as its own choice.
+    tree_nodes_verified: int = 0
+    stage_tokens_proposed: int = 0
+    stage_tokens_accepted: int = 0
 
     def record_round(self, proposed: int, accepted: int) -> None:
         """Count one verified round: `proposed` draft tokens, the first `accepted` of them kept."""
@@ -67,6 +72,17 @@ class GenerationStats:
         return max(self.tokens_generated - self.target_calls, 0)
 
     @property
+    def draft_calls_per_target_call(self) -> float | None:
+        return self.draft_calls / self.target_calls if self.target_calls else None
+
+    @property
+    def draft_stage_acceptance(self) -> float | None:
+        """Second stage: the share of n-gram tokens the draft model agreed with."""
+        if not self.stage_tokens_proposed:
+            return None
+        return self.stage_tokens_accepted / self.stage_tokens_proposed
+
+    @property
     def draft_time_share(self) -> float | None:
         busy = self.draft_time_s + self.target_time_s
         return self.draft_time_s / busy if busy > 0 else None
@@ -81,6 +97,8 @@ class GenerationStats:
             target_calls_per_token=self.target_calls_per_token,
             target_calls_saved=self.target_calls_saved,
             draft_time_share=self.draft_time_share,
+            draft_calls_per_target_call=self.draft_calls_per_target_call,
+            draft_stage_acceptance=self.draft_stage_acceptance,
         )
         return data
 

@@ -94,7 +94,7 @@ def generate_split(
     collected = sum(sequence.reply_length for path in existing for sequence in load_shard(path))
     on_tokens(collected)
     stop_ids = stop_token_ids(target)
-    pad_id = _pad_id(target.tokenizer, stop_ids)
+    pad_id = pad_token_id(target.tokenizer, stop_ids)
     # A different base per split, so held-out replies are not the training replies' twins.
     seed_base = settings.seed * 1_000_003 + (0 if name == "train" else 500_009)
     batch_index = len(existing)
@@ -210,7 +210,7 @@ def stop_token_ids(target: LoadedModel) -> frozenset[int]:
     return frozenset(ids)
 
 
-def _pad_id(tokenizer: Any, stop_ids: frozenset[int]) -> int:
+def pad_token_id(tokenizer: Any, stop_ids: frozenset[int]) -> int:
     # Padding is masked out everywhere; any id will do, and a stop id always exists.
     pad = getattr(tokenizer, "pad_token_id", None)
     return int(pad) if isinstance(pad, int) else min(stop_ids)

@@ -175,3 +175,30 @@ def test_data_generation_resumes_with_the_same_replies(tiny_target, prompts_file
 def test_resume_needs_a_run_to_resume(tmp_path):
     with pytest.raises(ConfigError, match="nothing to resume"):
         distill("--out", str(tmp_path / "empty"), "--resume")
+
+
+def test_the_ngram_table_is_built_from_the_draft_and_found_by_the_pair(finished_run, tiny_target, prompts_file):
+    """`tandem ngram-table` counts the draft's own replies into its folder; a pair with that
+    draft loads the table as the second stage's background and decodes `staged` exactly."""
+    from engine.cli import main
+    from engine.config import DecodeSettings, PairConfig
+    from engine.chat_prompt import Message
+    from engine.drafters.backoff_ngram import TABLE_FILE
+    from engine.events import Finished
+    from engine.session import load_pair
+
+    assert main(["ngram-table", "--draft", str(finished_run), "--tokens", "400", "--prompts", str(prompts_file), "--device", "cpu"]) == 0
+    assert (finished_run / TABLE_FILE).is_file()
+    pair = load_pair(PairConfig("tiny", ModelSpec(str(tiny_target), "fp32", "cpu"), ModelSpec(str(finished_run), "fp32", "cpu")))
+    assert pair.ngram_model.background.after, "the pair did not load the draft's table"
+    assert set(pair.methods) == {"ar", "chain", "ngram", "tree", "staged"}
+
+    def reply(method: str) -> tuple[int, ...]:
+        pair.reset_caches()
+        settings = DecodeSettings(method=method, max_new_tokens=20, tree_shape="12x4")
+        events = list(pair.generate([Message("user", "w1 w2 w3")], settings))
+        return next(e for e in events if isinstance(e, Finished)).token_ids
+
+    reference = reply("ar")
+    for method in ("staged", "tree", "ngram"):
+        assert reply(method) == reference, method

@@ -1,0 +1,79 @@
+"""`tandem ngram-table`: the background table of the second-stage n-gram model, built from
+replies the draft model writes itself (ALGORITHMS.md §3b: the paper sampled its trigram
+table from the draft). The table goes into the draft's folder, where pairs find it.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from ..bench import read_prompts
+from ..chat_prompt import Message, encode_conversation
+from ..config import DEVICES, ModelSpec
+from ..distill.data import GenerationSettings, pad_token_id, sample_replies, stop_token_ids
+from ..distill.pipeline import DEFAULT_PROMPTS
+from ..models import LoadedModel, load_model
+from .backoff_ngram import TABLE_FILE, NgramCounts
+
+DEFAULT_TABLE_TOKENS = 200_000
+# Trigram entries seen once are mostly noise; dropping them keeps the shipped file small.
+MIN_TRIGRAM_COUNT = 2
+
+
+def build_table(
+    draft: LoadedModel, prompts: list[str], tokens: int, temperature: float = 0.8, seed: int = 0, progress=lambda n: None
+) -> tuple[NgramCounts, int]:
+    """Count the n-grams of the draft's sampled replies to `prompts` until `tokens` reply
+    tokens; returns the pruned counts and the number of tokens counted."""
+    settings = GenerationSettings(temperature=temperature, stored_top_k=1, seed=seed)
+    stop_ids = stop_token_ids(draft)
+    pad_id = pad_token_id(draft.tokenizer, stop_ids)
+    counts = NgramCounts()
+    counted, batch_index = 0, 0
+    while counted < tokens:
+        first = batch_index * settings.batch_size
+        batch = [prompts[(first + offset) % len(prompts)] for offset in range(settings.batch_size)]
+        prompt_ids = [encode_conversation(draft.tokenizer, [Message("user", prompt)]) for prompt in batch]
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + batch_index)
+        for sequence in sample_replies(draft, prompt_ids, settings, stop_ids, pad_id, generator, lambda: False):
+            reply = sequence.token_ids.tolist()
+            # The prompt's last two tokens give the reply's first tokens their histories.
+            counts.add(reply, start=sequence.prompt_length)
+            counted += sequence.reply_length
+            progress(sequence.reply_length)
+        batch_index += 1
+    counts.prune(MIN_TRIGRAM_COUNT)
+    return counts, counted
+
+
+def add_ngram_table_command(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "ngram-table",
+        help="build the second-stage n-gram table of a draft model from its own replies",
+        description="Let the draft answer the shipped prompts and count its trigrams; the table is "
+        f"written into the draft's folder as {TABLE_FILE}, where `staged` and `ngram` decoding find it.",
+    )
+    parser.add_argument("--draft", required=True, help="the draft model's folder")
+    parser.add_argument("--tokens", type=int, default=DEFAULT_TABLE_TOKENS, help=f"reply tokens to count (default: {DEFAULT_TABLE_TOKENS:,})")
+    parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="JSON Lines file with a \"prompt\" key per line")
+    parser.add_argument("--device", choices=DEVICES, default="auto")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.set_defaults(run=run_ngram_table)
+
+
+def run_ngram_table(args: argparse.Namespace) -> int:
+    folder = Path(args.draft).expanduser().resolve()
+    draft = load_model(ModelSpec(str(folder), "auto", args.device))
+    prompts = read_prompts(args.prompts)
+    with tqdm(total=args.tokens, unit="tok", unit_scale=True, desc="draft replies", file=sys.stderr) as bar:
+        counts, counted = build_table(draft, prompts, args.tokens, seed=args.seed, progress=bar.update)
+    path = folder / TABLE_FILE
+    counts.save(path)
+    entries = sum(len(counter) for counter in counts.after.values())
+    print(f"{entries:,} n-gram entries from {counted:,} draft tokens written to {path} ({path.stat().st_size / 2**20:.1f} MB)")
+    return 0

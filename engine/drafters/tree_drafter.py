@@ -1,0 +1,200 @@
+"""Growing a token tree with the draft model (ALGORITHMS.md §3).
+
+Best-first by the path's cumulative draft log-probability: every expanded node offers its
+top-k tokens as children; the best `beam` new nodes of each depth are expanded next, all in
+one batched draft forward under a tree mask; at the end the `budget` best nodes overall
+(always with their ancestors) form the tree. Leaves cost no draft call.
+
+With a second stage, an n-gram model first proposes a chain; the draft scores it in the
+same forward that processes the new context, keeps the prefix that matches its own argmax,
+and its logits along that prefix give those nodes' children without further calls.
+"""
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..kv import CachedModel
+from ..tree import TokenTree
+from .backoff_ngram import BackoffNgram
+
+
+BudgetRule = Callable[[list[tuple[int, float]]], int]
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    budget: int = 16  # drafted nodes verified per target call
+    depth: int = 4  # longest path
+    branching: int = 3  # children offered by each expanded node
+    beam: int = 3  # nodes expanded per depth
+
+    def __post_init__(self) -> None:
+        if self.budget < 1 or self.depth < 1 or self.branching < 1 or self.beam < 1:
+            raise ValueError("tree budget, depth, branching and beam must be at least 1")
+
+
+@dataclass
+class TreeProposal:
+    tree: TokenTree
+    scores: list[float]  # cumulative draft log-probability of each node (root 0)
+    draft_calls: int
+    stage_proposed: int = 0  # second stage: n-gram tokens the draft scored
+    stage_accepted: int = 0  # ... and kept as its own choice
+    draft_slots: dict[int, int] | None = None  # tree node -> draft cache slot, for nodes the draft ran
+
+
+@dataclass
+class _Node:
+    token: int
+    parent: int
+    depth: int
+    score: float
+
+
+class TreeDrafter:
+    def __init__(self, draft: CachedModel, target_vocab_size: int, second_stage: BackoffNgram | None = None):
+        self.draft = draft
+        self.vocab_size = target_vocab_size
+        self.second_stage = second_stage
+
+    @property
+    def name(self) -> str:
+        return "draft model tree" + (" + n-gram stage" if self.second_stage else "")
+
+    def propose(self, context: list[int], shape: TreeShape, budget_rule: BudgetRule | None = None) -> TreeProposal:
+        """Grow a tree after `context`. `budget_rule`, given the candidate nodes best first as
+        (depth, score) pairs, may choose fewer nodes than `shape.budget`."""
+        calls_before = self.draft.forward_calls
+        root_slot = len(context) - 1
+        chain = self.second_stage.propose(context, shape.depth - 1) if self.second_stage else []
+        logits = self._scores(self.draft.logits_for(context, chain))  # (1 + len(chain), V)
+        # The draft keeps the n-gram chain while it agrees with the draft's own first choice.
+        kept = 0
+        while kept < len(chain) and int(torch.argmax(logits[kept])) == chain[kept]:
+            kept += 1
+        self.draft.crop(len(context) + kept)
+
+        nodes = [_Node(context[-1], -1, 0, 0.0)]
+        slots = {0: root_slot}
+        children_of: dict[int, tuple[list[int], list[float]]] = {0: _top_children(logits[0], shape.branching)}
+        spine = [0]
+        for step, token in enumerate(chain[:kept], start=1):
+            nodes.append(_Node(token, spine[-1], step, nodes[spine[-1]].score + float(logits[step - 1, token])))
+            spine.append(len(nodes) - 1)
+            slots[spine[-1]] = len(context) - 1 + step
+            children_of[spine[-1]] = _top_children(logits[step], shape.branching)
+
+        frontier = [0]
+        for depth in range(shape.depth):
+            unexpanded = [node for node in frontier if node not in children_of]
+            if unexpanded:
+                self._expand(context, nodes, slots, unexpanded, children_of, shape.branching)
+            new_nodes = []
+            for parent in frontier:
+                for token, logprob in zip(*children_of[parent]):
+                    existing = next((n for n in spine if nodes[n].parent == parent and nodes[n].token == token), None)
+                    if existing is not None:
+                        new_nodes.append(existing)
+                        continue
+                    nodes.append(_Node(token, parent, depth + 1, nodes[parent].score + logprob))
+                    new_nodes.append(len(nodes) - 1)
+            if depth + 1 < len(spine):
+                frontier = [spine[depth + 1]]  # the second stage already ran this node
+            else:
+                frontier = heapq.nlargest(shape.beam, new_nodes, key=lambda n: nodes[n].score)
+        ranked = _ranked_candidates(nodes)[: shape.budget]
+        budget = budget_rule([(nodes[n].depth, nodes[n].score) for n in ranked]) if budget_rule else len(ranked)
+        tree, scores, kept_slots = _subtree(nodes, slots, ranked[:budget])
+        return TreeProposal(tree, scores, self.draft.forward_calls - calls_before, len(chain), kept, kept_slots)
+
+    def _expand(
+        self,
+        context: list[int],
+        nodes: list[_Node],
+        slots: dict[int, int],
+        batch: list[int],
+        children_of: dict[int, tuple[list[int], list[float]]],
+        branching: int,
+    ) -> None:
+        """One draft forward over `batch` (nodes of one depth whose ancestors the draft has
+        run), each seeing the context, its ancestors and itself."""
+        past = len(self.draft)
+        allowed = torch.zeros(len(batch), past + len(batch), dtype=torch.bool)
+        allowed[:, : len(context)] = True
+        for row, node in enumerate(batch):
+            ancestor = nodes[node].parent
+            while ancestor > 0:
+                allowed[row, slots[ancestor]] = True
+                ancestor = nodes[ancestor].parent
+            allowed[row, past + row] = True
+        positions = [len(context) - 1 + nodes[node].depth for node in batch]
+        logits = self._scores(
+            self.draft.forward_masked([nodes[n].token for n in batch], positions, allowed, len(batch))
+        )
+        for row, node in enumerate(batch):
+            slots[node] = past + row
+            children_of[node] = _top_children(logits[row], branching)
+
+    def commit(self, context_length: int, proposal: TreeProposal, path: list[int]) -> None:
+        """Keep the draft's cache entries of the accepted path; drop every other branch."""
+        slots = proposal.draft_slots or {}
+        kept = []
+        for node in path:
+            if node not in slots:
+                break
+            kept.append(slots[node])
+        self.draft.keep_slots(context_length, kept)
+
+    def _scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft log-probabilities over the target's vocabulary."""
+        width = logits.shape[-1]
+        if width > self.vocab_size:
+            logits = logits[..., : self.vocab_size]
+        elif width < self.vocab_size:
+            logits = torch.nn.functional.pad(logits, (0, self.vocab_size - width), value=float("-inf"))
+        return torch.log_softmax(logits, dim=-1)
+
+    def reset(self) -> None:
+        self.draft.reset()
+        if self.second_stage:
+            self.second_stage.reset()
+
+
+def _top_children(logprobs: torch.Tensor, branching: int) -> tuple[list[int], list[float]]:
+    best = torch.topk(logprobs, branching)
+    return best.indices.tolist(), best.values.tolist()
+
+
+def _ranked_candidates(nodes: list[_Node]) -> list[int]:
+    """Drafted nodes best first by score, each after its parent (a child's score never
+    beats its parent's, but ties happen)."""
+    order = sorted(range(1, len(nodes)), key=lambda n: (-nodes[n].score, nodes[n].depth))
+    placed, ranked = {0}, []
+    while order:
+        rest = []
+        for node in order:
+            if nodes[node].parent in placed:
+                placed.add(node)
+                ranked.append(node)
+            else:
+                rest.append(node)
+        order = rest
+    return ranked
+
+
+def _subtree(nodes: list[_Node], slots: dict[int, int], chosen: list[int]) -> tuple[TokenTree, list[float], dict[int, int]]:
+    """The tree of the root and `chosen` (closed under ancestry), renumbered so that parents
+    come first, with the draft cache slots of the nodes the draft has run."""
+    ranked = sorted([0, *chosen], key=lambda n: (nodes[n].depth, n))
+    index = {old: new for new, old in enumerate(ranked)}
+    tree = TokenTree(
+        [nodes[n].token for n in ranked],
+        [-1] + [index[nodes[n].parent] for n in ranked[1:]],
+        [nodes[n].depth for n in ranked],
+    )
+    kept_slots = {index[n]: slot for n, slot in slots.items() if n in index}
+    return tree, [nodes[n].score for n in ranked], kept_slots

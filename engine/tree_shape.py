@@ -1,0 +1,174 @@
+"""`auto` tree shape: budget and depth chosen each round from what this device and this
+conversation have shown, not from a constant (a budget that suits a GPU, where verifying 64
+tokens costs what 1 does, is wrong on a 2-core CPU, and the reverse).
+
+- Verify cost: seconds of one target forward over n tree tokens, measured once per pair at
+  a few sizes (`calibrate`) and then refreshed from every round.
+- Acceptance: the draft's path probability of each node predicts its chance of being
+  accepted; a per-depth factor, learnt from the rounds so far, corrects the draft's
+  over- or under-confidence.
+- Budget: of the candidate nodes, best first, the prefix that maximises expected tokens
+  per second of the round. Depth: one more draft call is worth it while the chance of
+  reaching that depth, per second of draft call, beats the current tokens per second.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable
+from typing import Protocol
+
+from .drafters.tree_drafter import TreeShape
+
+CALIBRATION_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+SMOOTHING = 0.2  # weight of the newest measurement in running averages
+
+
+class TreePolicy(Protocol):
+    """What `tree_round` asks of a tree shape, fixed or automatic."""
+
+    @property
+    def calibrated(self) -> bool: ...
+
+    def calibrate(self, measure: Callable[[int], float]) -> None: ...
+
+    def shape(self) -> TreeShape: ...
+
+    def choose_budget(self, candidates: list[tuple[int, float]]) -> int: ...
+
+    def record(
+        self, depths: list[int], scores: list[float], accepted_depth: int, tokens: int,
+        draft_seconds: float, draft_calls: int, verify_tokens: int, verify_seconds: float, round_seconds: float,
+    ) -> None: ...
+
+
+class FixedTreeShape:
+    """The same budget and depth every round."""
+
+    calibrated = True
+
+    def __init__(self, shape: TreeShape):
+        self._shape = shape
+
+    def calibrate(self, measure: Callable[[int], float]) -> None:
+        pass
+
+    def shape(self) -> TreeShape:
+        return self._shape
+
+    def choose_budget(self, candidates: list[tuple[int, float]]) -> int:
+        return len(candidates)
+
+    def record(self, *args: object) -> None:
+        pass
+
+
+class AutoTreeShape:
+    def __init__(self, max_budget: int = 64, max_depth: int = 8, branching: int = 3, beam: int = 3, start_depth: int = 4):
+        self.max_budget = max_budget
+        self.max_depth = max_depth
+        self.branching = branching
+        self.beam = beam
+        self.depth = start_depth
+        self.verify_seconds: dict[int, float] = {}
+        self.draft_call_seconds: float | None = None
+        self.round_seconds: float | None = None
+        self.round_tokens: float | None = None
+        # Per depth d (index d): rounds whose tree reached d, rounds whose accepted path did,
+        # and the summed predicted acceptance of the nodes at d.
+        self.offered = [0] * (max_depth + 2)
+        self.reached = [0] * (max_depth + 2)
+        self.predicted = [0.0] * (max_depth + 2)
+
+    @property
+    def calibrated(self) -> bool:
+        return bool(self.verify_seconds)
+
+    def calibrate(self, measure: Callable[[int], float]) -> None:
+        """`measure(n)`: seconds of one target forward over n tree tokens."""
+        measure(CALIBRATION_SIZES[-1])  # warm-up: first calls allocate
+        for size in CALIBRATION_SIZES:
+            if size <= self.max_budget + 1:
+                self.verify_seconds[size] = min(measure(size), measure(size))
+
+    def shape(self) -> TreeShape:
+        return TreeShape(budget=self.max_budget, depth=self.depth, branching=self.branching, beam=self.beam)
+
+    def verify_cost(self, tokens: int) -> float:
+        sizes = sorted(self.verify_seconds)
+        if not sizes:
+            return 1.0  # uncalibrated: a flat cost, so only acceptance matters
+        at = bisect.bisect_left(sizes, tokens)
+        if at < len(sizes) and sizes[at] == tokens:
+            return self.verify_seconds[tokens]
+        if at == 0:
+            return self.verify_seconds[sizes[0]]
+        low = sizes[at - 1]
+        high = sizes[at] if at < len(sizes) else sizes[-1]
+        if high == low:  # past the largest size: extend the last slope
+            if len(sizes) < 2:
+                return self.verify_seconds[low]
+            low, high = sizes[-2], sizes[-1]
+        slope = (self.verify_seconds[high] - self.verify_seconds[low]) / (high - low)
+        return self.verify_seconds[low] + slope * (tokens - low)
+
+    def acceptance_factor(self, depth: int) -> float:
+        # Smoothed toward 1 (trust the draft) until rounds have been seen at this depth.
+        if depth >= len(self.reached):
+            return 1.0
+        return (self.reached[depth] + 1.0) / (self.predicted[depth] + 1.0)
+
+    def choose_budget(self, candidates: list[tuple[int, float]]) -> int:
+        """How many of `candidates` ((depth, score), best first) to verify."""
+        draft_seconds = (self.draft_call_seconds or 0.0) * self.depth
+        expected, best, best_rate = 1.0, len(candidates), 0.0
+        for count, (depth, score) in enumerate(candidates, start=1):
+            expected += min(1.0, self.acceptance_factor(depth) * math.exp(score))
+            rate = expected / (draft_seconds + self.verify_cost(count + 1))
+            if rate > best_rate:
+                best, best_rate = count, rate
+        return best
+
+    def reach_probability(self, depth: int) -> float:
+        """Chance that a round's accepted path reaches `depth`; unseen depths extrapolate the
+        decay of the last two seen ones."""
+        if depth <= 0:
+            return 1.0
+        if self.offered[depth]:
+            return (self.reached[depth] + 0.5) / (self.offered[depth] + 1.0)
+        previous = self.reach_probability(depth - 1)
+        before = self.reach_probability(depth - 2)
+        return previous * (previous / before if before > 0 else 0.0)
+
+    def record(
+        self, depths: list[int], scores: list[float], accepted_depth: int, tokens: int,
+        draft_seconds: float, draft_calls: int, verify_tokens: int, verify_seconds: float, round_seconds: float,
+    ) -> None:
+        """Learn from one verified round; then choose the next round's depth."""
+        for depth in range(1, max(depths) + 1):
+            self.offered[depth] += 1
+            if depth <= accepted_depth:
+                self.reached[depth] += 1
+        for depth, score in zip(depths[1:], scores[1:]):
+            self.predicted[depth] += min(1.0, math.exp(score))
+        if draft_calls:
+            self.draft_call_seconds = _blend(self.draft_call_seconds, draft_seconds / draft_calls)
+        size = min(self.verify_seconds, key=lambda s: abs(s - verify_tokens)) if self.verify_seconds else None
+        if size is not None and size == verify_tokens:
+            self.verify_seconds[size] = _blend(self.verify_seconds[size], verify_seconds)
+        self.round_seconds = _blend(self.round_seconds, round_seconds)
+        self.round_tokens = _blend(self.round_tokens, float(tokens))
+        self.depth = self._next_depth()
+
+    def _next_depth(self) -> int:
+        if not self.draft_call_seconds or not self.round_seconds or not self.round_tokens:
+            return self.depth
+        tokens_per_second = self.round_tokens / self.round_seconds
+        depth = 1
+        while depth < self.max_depth and self.reach_probability(depth + 1) / self.draft_call_seconds > tokens_per_second:
+            depth += 1
+        return depth
+
+
+def _blend(old: float | None, new: float) -> float:
+    return new if old is None else (1 - SMOOTHING) * old + SMOOTHING * new
