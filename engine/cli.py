@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import sys
@@ -57,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--limit", type=int, help="use only the first N prompts")
     bench.add_argument("--methods", default="ar,chain", help="comma-separated methods (ar, chain, tree, staged, ngram, hf-assisted, llamacpp-ar), or all (default: ar,chain)")
     bench.add_argument("--json", type=Path, dest="json_out", help="write the full report here")
+    bench.add_argument("--profile", type=int, metavar="N", default=0, help="also print the N functions that took the most time")
     bench.set_defaults(run=_run_bench)
 
     add_distill_command(commands)
@@ -133,6 +135,24 @@ def _run_chat(args: argparse.Namespace) -> int:
     return TerminalChat(pair, settings, args.system).run()
 
 
+@contextlib.contextmanager
+def _profiled(top: int):
+    """cProfile around the block; prints the `top` functions by own time (0: no profiling)."""
+    if not top:
+        yield
+        return
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        yield
+    finally:
+        profiler.disable()
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(top)
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     from .bench import ALL_METHODS, DEFAULT_PROMPTS, Bench, available_methods, format_table, parse_methods, read_prompts
 
@@ -144,7 +164,9 @@ def _run_bench(args: argparse.Namespace) -> int:
     pair = _load(_pair_from_args(args))
     if args.methods.strip() == "all":
         methods = available_methods(pair)
-    report = Bench(pair, settings).run(prompts, methods, progress=lambda line: print(line, file=sys.stderr))
+    bench = Bench(pair, settings)
+    with _profiled(args.profile):
+        report = bench.run(prompts, methods, progress=lambda line: print(line, file=sys.stderr))
     print(format_table(report))
     if args.json_out:
         args.json_out.write_text(json.dumps(report, indent=2), encoding="utf-8")

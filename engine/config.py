@@ -6,6 +6,7 @@ decoding run with these same objects, so there is one place that says what a kno
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 PRECISIONS = ("auto", "int8", "bf16", "fp16", "fp32")
@@ -154,6 +155,11 @@ class DecodeSettings:
 DEMO_TARGET = "demo-target"
 
 
+# The draft distilled from the demo target with `tandem distill`, shipped with the app
+# (its model card is in the folder).
+DEMO_DRAFT_FOLDER = Path(__file__).resolve().parent.parent / "resources" / "drafts" / "smollm2-135m-draft"
+
+
 def demo_pair() -> PairConfig:
-    """The pair that is always available: the bundled SmolLM2 target with n-gram drafting."""
-    return PairConfig(name="demo", target=ModelSpec(DEMO_TARGET))
+    """The pair that is always available: the bundled SmolLM2 target and its distilled draft."""
+    return PairConfig(name="demo", target=ModelSpec(DEMO_TARGET), draft=ModelSpec(str(DEMO_DRAFT_FOLDER)))

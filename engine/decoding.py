@@ -79,9 +79,23 @@ def tree_round(
     target: CachedModel, drafter: TreeDrafter, context: list[int], policy: TreePolicy, sampler: Sampler
 ) -> RoundOutcome:
     """Draft a token tree, verify all of it in one target forward, keep the accepted path."""
+    try:
+        return _tree_round(target, drafter, context, policy, sampler)
+    except BaseException:
+        # Between drafting and committing, both caches hold tree branches that are not a
+        # causal sequence; after a failure they must not be mistaken for context.
+        target.reset()
+        drafter.reset()
+        raise
+
+
+def _tree_round(
+    target: CachedModel, drafter: TreeDrafter, context: list[int], policy: TreePolicy, sampler: Sampler
+) -> RoundOutcome:
     if not policy.calibrated:
         policy.calibrate(lambda tokens: _time_verify(target, context, tokens))
-    # 1. draft
+    # 1. draft (the first round of a reply also prefills the new turn into both models)
+    prefill = len(target.pending(context)) > 1 or len(drafter.draft.pending(context)) > 1
     started = time.perf_counter()
     proposal = drafter.propose(context, policy.shape(), policy.choose_budget)
     drafted = time.perf_counter()
@@ -103,6 +117,7 @@ def tree_round(
     policy.record(
         tree.depths, proposal.scores, len(verdict.path), len(kept) + 1,
         drafted - started, proposal.draft_calls, verify_tokens, verified - drafted, time.perf_counter() - started,
+        learn_costs=not prefill,  # a prefill's time says nothing about a round's
     )
     return RoundOutcome(
         tokens=kept + [verdict.next_token],
@@ -126,7 +141,8 @@ def _time_verify(target: CachedModel, context: list[int], tokens: int) -> float:
     if len(pending) > 1:  # what the context still lacks is not part of the timing
         target.forward(pending[:-1])
     started = time.perf_counter()
-    forward_tree(target, context, filler)
+    logits = forward_tree(target, context, filler)
+    float(logits[-1, 0])  # wait for the device: on a GPU the call only queues the work
     seconds = time.perf_counter() - started
     target.crop(len(context) - 1)
     return seconds

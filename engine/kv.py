@@ -47,14 +47,13 @@ class CachedModel:
         start = len(self.cached_ids)
         input_ids = torch.tensor([new_ids], device=self.device)  # (1, T)
         position_ids = torch.arange(start, start + len(new_ids), device=self.device)[None]  # (1, T)
-        with torch.inference_mode():
-            output = self.model(
-                input_ids=input_ids,
-                position_ids=position_ids,
-                past_key_values=self.cache,
-                use_cache=True,
-                logits_to_keep=logits_wanted,
-            )
+        output = self._run(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=logits_wanted,
+        )
         self.cached_ids.extend(new_ids)
         self.forward_calls += 1
         return output.logits[0].float()  # (logits_wanted, V)
@@ -70,18 +69,27 @@ class CachedModel:
         # value elsewhere (not -inf, which turns a fully masked row into NaN).
         mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
         mask.masked_fill_(~allowed.to(self.device), torch.finfo(dtype).min)
-        with torch.inference_mode():
-            output = self.model(
-                input_ids=torch.tensor([new_ids], device=self.device),
-                position_ids=torch.tensor([position_ids], device=self.device),
-                attention_mask=mask[None, None],
-                past_key_values=self.cache,
-                use_cache=True,
-                logits_to_keep=logits_wanted,
-            )
+        output = self._run(
+            input_ids=torch.tensor([new_ids], device=self.device),
+            position_ids=torch.tensor([position_ids], device=self.device),
+            attention_mask=mask[None, None],
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=logits_wanted,
+        )
         self.cached_ids.extend(new_ids)
         self.forward_calls += 1
         return output.logits[0].float()
+
+    def _run(self, **inputs):
+        try:
+            with torch.inference_mode():
+                return self.model(**inputs)
+        except BaseException:
+            # A forward that failed midway (out of memory, say) may have grown some layers'
+            # caches and not others: start from scratch rather than trust any of it.
+            self.reset()
+            raise
 
     def keep_slots(self, prefix: int, extra_slots: list[int]) -> None:
         """Compact the cache in place to its first `prefix` slots followed by `extra_slots`
@@ -109,4 +117,5 @@ class CachedModel:
         return self.forward(new_ids, logits_wanted=1 + len(extra))
 
     def reset(self) -> None:
-        self.crop(0)
+        self.cache = DynamicCache(config=self.model.config)
+        self.cached_ids = []

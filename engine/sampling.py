@@ -35,7 +35,8 @@ class Sampler:
 
     def draw(self, probs: torch.Tensor) -> int:
         """One token from a (V,) distribution."""
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        # On the CPU, where the generator lives, whatever device the distribution came from.
+        return int(torch.multinomial(probs.cpu(), 1, generator=self.generator))
 
     def uniform(self) -> float:
         return float(torch.rand((), generator=self.generator, dtype=torch.float64))

@@ -54,14 +54,16 @@ class LoadedPair:
         self.vocab_size = target.model.get_output_embeddings().weight.shape[0]
         self.ngram_model = BackoffNgram(self.vocab_size, _background_table(draft))
         self.tree_drafters: dict[str, TreeDrafter] = {}
+        trees_fit = draft is not None and _keeps_every_position(target.model) and _keeps_every_position(draft.model)
         if draft is not None:
             # One draft cache serves every method: each round starts by syncing it with the context.
             draft_runner = CachedModel(draft.model, draft.device)
             self.drafter: Drafter = ModelDrafter(draft_runner, self.vocab_size)
-            self.tree_drafters = {
-                "tree": TreeDrafter(draft_runner, self.vocab_size),
-                "staged": TreeDrafter(draft_runner, self.vocab_size, second_stage=self.ngram_model),
-            }
+            if trees_fit:
+                self.tree_drafters = {
+                    "tree": TreeDrafter(draft_runner, self.vocab_size),
+                    "staged": TreeDrafter(draft_runner, self.vocab_size, second_stage=self.ngram_model),
+                }
         else:
             self.drafter = NgramDrafter(config.ngram.max_ngram, config.ngram.min_ngram)
         # Automatic tree shapes keep what they learnt (costs, acceptance per depth) across replies.
@@ -177,10 +179,12 @@ class Generation:
             room = pair.context_length - len(context) - 1
             if room < 1:
                 break  # the context is full: stop with "length"
-            if policy is not None and room > AutoTreeShape().max_depth + 1:
+            if policy is not None and room > policy.shape().depth + 1:
                 outcome = tree_round(pair.target_runner, tree_drafter, context, policy, sampler)
-            else:  # near the end of the context window a tree may not fit: plain steps
-                draft_budget = 0 if settings.method == "ar" or policy else min(settings.draft_tokens, room - 1)
+            elif policy is not None:  # near the end of the context window a tree may not fit: plain steps
+                outcome = speculative_round(pair.target_runner, NoDrafter(), context, 0, sampler, settings.verifier)
+            else:
+                draft_budget = 0 if settings.method == "ar" else min(settings.draft_tokens, room - 1)
                 outcome = speculative_round(
                     pair.target_runner, drafter, context, max(draft_budget, 0), sampler, settings.verifier
                 )
@@ -233,6 +237,15 @@ def _count_round(stats: GenerationStats, outcome: RoundOutcome) -> None:
     stats.stage_tokens_accepted += outcome.stage_accepted
     if outcome.proposed:
         stats.record_round(outcome.proposed, outcome.accepted)
+
+
+def _keeps_every_position(model: torch.nn.Module) -> bool:
+    """Tree compaction moves cache entries by slot, which assumes slot = position: true for
+    full attention, not for sliding-window layers (which drop old positions)."""
+    config = model.config
+    windowed = getattr(config, "use_sliding_window", True) and getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or []
+    return not windowed and all(kind == "full_attention" for kind in layer_types)
 
 
 def _background_table(draft: LoadedModel | None) -> NgramCounts | None:

@@ -16,7 +16,7 @@ from .events import Finished, PromptPrepared, StatsUpdate, TextDelta
 from .session import LoadedPair
 from .stats import GenerationStats
 
-HELP = """Commands: /reset (new conversation), /system TEXT, /method ar|chain, /temperature T,
+HELP = """Commands: /reset (new conversation), /system TEXT, /method ar|chain|tree|staged|ngram, /temperature T,
 /stats (last reply's figures), /help, /quit. Ctrl-C stops a reply; Ctrl-D quits."""
 
 

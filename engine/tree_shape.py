@@ -22,6 +22,7 @@ from .drafters.tree_drafter import TreeShape
 
 CALIBRATION_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 SMOOTHING = 0.2  # weight of the newest measurement in running averages
+EXPLORE_EVERY = 16  # rounds
 
 
 class TreePolicy(Protocol):
@@ -39,6 +40,7 @@ class TreePolicy(Protocol):
     def record(
         self, depths: list[int], scores: list[float], accepted_depth: int, tokens: int,
         draft_seconds: float, draft_calls: int, verify_tokens: int, verify_seconds: float, round_seconds: float,
+        learn_costs: bool = True,
     ) -> None: ...
 
 
@@ -59,7 +61,7 @@ class FixedTreeShape:
     def choose_budget(self, candidates: list[tuple[int, float]]) -> int:
         return len(candidates)
 
-    def record(self, *args: object) -> None:
+    def record(self, *args: object, **kwargs: object) -> None:
         pass
 
 
@@ -74,6 +76,7 @@ class AutoTreeShape:
         self.draft_call_seconds: float | None = None
         self.round_seconds: float | None = None
         self.round_tokens: float | None = None
+        self.rounds = 0
         # Per depth d (index d): rounds whose tree reached d, rounds whose accepted path did,
         # and the summed predicted acceptance of the nodes at d.
         self.offered = [0] * (max_depth + 2)
@@ -109,8 +112,10 @@ class AutoTreeShape:
             if len(sizes) < 2:
                 return self.verify_seconds[low]
             low, high = sizes[-2], sizes[-1]
-        slope = (self.verify_seconds[high] - self.verify_seconds[low]) / (high - low)
-        return self.verify_seconds[low] + slope * (tokens - low)
+        # Never decreasing, never below the cheapest measurement: on a GPU the curve is flat
+        # and noisy, and a negative slope extrapolated far would promise free forwards.
+        slope = max((self.verify_seconds[high] - self.verify_seconds[low]) / (high - low), 0.0)
+        return max(self.verify_seconds[low] + slope * (tokens - low), min(self.verify_seconds.values()))
 
     def acceptance_factor(self, depth: int) -> float:
         # Smoothed toward 1 (trust the draft) until rounds have been seen at this depth.
@@ -143,21 +148,27 @@ class AutoTreeShape:
     def record(
         self, depths: list[int], scores: list[float], accepted_depth: int, tokens: int,
         draft_seconds: float, draft_calls: int, verify_tokens: int, verify_seconds: float, round_seconds: float,
+        learn_costs: bool = True,
     ) -> None:
-        """Learn from one verified round; then choose the next round's depth."""
+        """Learn from one verified round; then choose the next round's depth. `learn_costs`
+        is False for a round whose timings include a prefill."""
         for depth in range(1, max(depths) + 1):
             self.offered[depth] += 1
             if depth <= accepted_depth:
                 self.reached[depth] += 1
         for depth, score in zip(depths[1:], scores[1:]):
             self.predicted[depth] += min(1.0, math.exp(score))
-        if draft_calls:
-            self.draft_call_seconds = _blend(self.draft_call_seconds, draft_seconds / draft_calls)
-        size = min(self.verify_seconds, key=lambda s: abs(s - verify_tokens)) if self.verify_seconds else None
-        if size is not None and size == verify_tokens:
-            self.verify_seconds[size] = _blend(self.verify_seconds[size], verify_seconds)
-        self.round_seconds = _blend(self.round_seconds, round_seconds)
-        self.round_tokens = _blend(self.round_tokens, float(tokens))
+        self.rounds += 1
+        if learn_costs:
+            if draft_calls:
+                self.draft_call_seconds = _blend(self.draft_call_seconds, draft_seconds / draft_calls)
+            if self.verify_seconds:
+                # Keep the calibrated curve's shape but follow the level real rounds show
+                # (a busier machine, a longer context): scale all of it.
+                scale = _blend(1.0, verify_seconds / self.verify_cost(verify_tokens))
+                self.verify_seconds = {size: seconds * scale for size, seconds in self.verify_seconds.items()}
+            self.round_seconds = _blend(self.round_seconds, round_seconds)
+            self.round_tokens = _blend(self.round_tokens, float(tokens))
         self.depth = self._next_depth()
 
     def _next_depth(self) -> int:
@@ -167,6 +178,10 @@ class AutoTreeShape:
         depth = 1
         while depth < self.max_depth and self.reach_probability(depth + 1) / self.draft_call_seconds > tokens_per_second:
             depth += 1
+        if self.rounds % EXPLORE_EVERY == 0:
+            # Now and then one level deeper than the estimate says, so that a depth given up
+            # early keeps being measured instead of judged by stale numbers.
+            depth = min(depth + 1, self.max_depth)
         return depth
 
 

@@ -210,7 +210,9 @@ class Distillation:
         return Outcome("finished", outcome.step, outcome.total_steps, report)
 
     def _save_draft(self, draft: torch.nn.Module, target: LoadedModel) -> None:
-        draft.save_pretrained(self.out_dir)
+        # Stored in bf16: half the file (the demo draft must ship in under 40 MB); it runs in
+        # whatever precision its pair asks for.
+        copy.deepcopy(draft).to(torch.bfloat16).save_pretrained(self.out_dir)
         source = resolve_source(ModelSpec(self.settings.target))
         copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
         for name in copied:

@@ -78,6 +78,7 @@ class BackoffNgram:
         self.background = background or NgramCounts()
         self.conversation = NgramCounts()
         self._counted: list[int] = []
+        self._background_best: dict[tuple[int, ...], int | None] = {}
 
     def observe(self, context: list[int]) -> None:
         """Bring the conversation counts up to `context`: new tokens are added; if the context
@@ -120,13 +121,27 @@ class BackoffNgram:
         return tokens
 
     def _best_next(self, history: tuple[int, ...]) -> int | None:
+        """The most frequent token after the longest known history (its discounted count
+        dominates the backoff terms there); ties go to the lowest id, for determinism."""
         for length in range(len(history), 0, -1):
-            counter = self._counter(history[len(history) - length :])
-            if counter:
-                # The most frequent token after the longest known history: its discounted count
-                # dominates the backoff terms there. Ties go to the lowest id, for determinism.
-                return max(counter.items(), key=lambda item: (item[1], -item[0]))[0]
+            suffix = history[len(history) - length :]
+            background = self.background.after.get(suffix, {})
+            conversation = self.conversation.after.get(suffix, {})
+            # Only the table's own favourite or a token seen in this conversation can win, so
+            # a long table row is scanned once, not every round.
+            candidates = set(conversation)
+            favourite = self._table_favourite(suffix)
+            if favourite is not None:
+                candidates.add(favourite)
+            if candidates:
+                return max(candidates, key=lambda t: (background.get(t, 0) + conversation.get(t, 0), -t))
         return None
+
+    def _table_favourite(self, history: tuple[int, ...]) -> int | None:
+        if history not in self._background_best:
+            row = self.background.after.get(history)
+            self._background_best[history] = max(row.items(), key=lambda item: (item[1], -item[0]))[0] if row else None
+        return self._background_best[history]
 
     def reset(self) -> None:
         self.conversation = NgramCounts()

@@ -72,21 +72,22 @@ class TreeDrafter:
         root_slot = len(context) - 1
         chain = self.second_stage.propose(context, shape.depth - 1) if self.second_stage else []
         logits = self._scores(self.draft.logits_for(context, chain))  # (1 + len(chain), V)
+        children = _top_children(logits, shape.branching)  # per row: (tokens, log-probs), best first
         # The draft keeps the n-gram chain while it agrees with the draft's own first choice.
         kept = 0
-        while kept < len(chain) and int(torch.argmax(logits[kept])) == chain[kept]:
+        while kept < len(chain) and children[kept][0][0] == chain[kept]:
             kept += 1
         self.draft.crop(len(context) + kept)
 
         nodes = [_Node(context[-1], -1, 0, 0.0)]
         slots = {0: root_slot}
-        children_of: dict[int, tuple[list[int], list[float]]] = {0: _top_children(logits[0], shape.branching)}
+        children_of: dict[int, tuple[list[int], list[float]]] = {0: children[0]}
         spine = [0]
         for step, token in enumerate(chain[:kept], start=1):
-            nodes.append(_Node(token, spine[-1], step, nodes[spine[-1]].score + float(logits[step - 1, token])))
+            nodes.append(_Node(token, spine[-1], step, nodes[spine[-1]].score + children[step - 1][1][0]))
             spine.append(len(nodes) - 1)
             slots[spine[-1]] = len(context) - 1 + step
-            children_of[spine[-1]] = _top_children(logits[step], shape.branching)
+            children_of[spine[-1]] = children[step]
 
         frontier = [0]
         for depth in range(shape.depth):
@@ -135,9 +136,9 @@ class TreeDrafter:
         logits = self._scores(
             self.draft.forward_masked([nodes[n].token for n in batch], positions, allowed, len(batch))
         )
-        for row, node in enumerate(batch):
+        for row, (node, offered) in enumerate(zip(batch, _top_children(logits, branching))):
             slots[node] = past + row
-            children_of[node] = _top_children(logits[row], branching)
+            children_of[node] = offered
 
     def commit(self, context_length: int, proposal: TreeProposal, path: list[int]) -> None:
         """Keep the draft's cache entries of the accepted path; drop every other branch."""
@@ -164,9 +165,11 @@ class TreeDrafter:
             self.second_stage.reset()
 
 
-def _top_children(logprobs: torch.Tensor, branching: int) -> tuple[list[int], list[float]]:
-    best = torch.topk(logprobs, branching)
-    return best.indices.tolist(), best.values.tolist()
+def _top_children(logprobs: torch.Tensor, branching: int) -> list[tuple[list[int], list[float]]]:
+    """For each row of (N, V) log-probs, its `branching` best tokens and their log-probs,
+    in one top-k and one transfer to the host."""
+    best = torch.topk(logprobs, branching, dim=-1)
+    return list(zip(best.indices.tolist(), best.values.tolist()))
 
 
 def _ranked_candidates(nodes: list[_Node]) -> list[int]:

@@ -1,0 +1,35 @@
+"""The draft shipped in resources/: intact, small enough, and a valid partner of the demo target."""
+from __future__ import annotations
+
+import hashlib
+
+from engine.compat import check_pair_compatible
+from engine.config import DEMO_DRAFT_FOLDER, ModelSpec, demo_pair
+from engine.drafters.backoff_ngram import TABLE_FILE, NgramCounts
+from engine.models import load_model, load_tokenizer_only
+
+SIZE_LIMIT_MB = 40
+
+
+def recorded_checksums() -> dict[str, str]:
+    lines = (DEMO_DRAFT_FOLDER / "SHA256SUMS").read_text(encoding="utf-8").splitlines()
+    return {name.strip(): digest for digest, name in (line.split(maxsplit=1) for line in lines if line.strip())}
+
+
+def test_the_shipped_files_match_their_recorded_checksums():
+    checksums = recorded_checksums()
+    assert {"model.safetensors", "config.json", TABLE_FILE} <= set(checksums)
+    for name, digest in checksums.items():
+        assert hashlib.sha256((DEMO_DRAFT_FOLDER / name).read_bytes()).hexdigest() == digest, name
+
+
+def test_the_shipped_draft_is_small_enough_to_ship():
+    assert (DEMO_DRAFT_FOLDER / "model.safetensors").stat().st_size <= SIZE_LIMIT_MB * 2**20
+
+
+def test_the_shipped_draft_loads_and_pairs_with_the_demo_target(demo_target_folder):
+    assert demo_pair().draft.source == str(DEMO_DRAFT_FOLDER)
+    draft = load_model(ModelSpec(str(DEMO_DRAFT_FOLDER), precision="fp32", device="cpu"))
+    check_pair_compatible(load_tokenizer_only(ModelSpec(str(demo_target_folder))), draft.tokenizer)
+    assert draft.model.config.vocab_size >= len(draft.tokenizer)
+    assert NgramCounts.load(DEMO_DRAFT_FOLDER / TABLE_FILE).after, "the second-stage table is empty"
