@@ -244,9 +244,11 @@ class LlamaCppRunner:
         if gguf is None:
             raise ConfigError("llamacpp-ar needs a target given as a .gguf file (the demo target is one)")
         self.settings = settings
-        self.llm = Llama(
-            model_path=str(gguf), n_ctx=pair.context_length, n_threads=torch.get_num_threads(), seed=settings.seed or 0, verbose=False
-        )
+        with _without_amx_repacking():
+            self.llm = Llama(
+                model_path=str(gguf), n_ctx=pair.context_length, n_threads=torch.get_num_threads(),
+                seed=settings.seed or 0, verbose=False,
+            )
 
     def __call__(self, prompt: str, max_new_tokens: int):
         settings = self.settings
@@ -262,6 +264,40 @@ class LlamaCppRunner:
         text = reply["choices"][0]["message"]["content"] or ""
         token_ids = tuple(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
         return token_ids, seconds, None
+
+
+@contextmanager
+def _without_amx_repacking() -> Iterator[None]:
+    """On CPUs with AMX, llama.cpp repacks weights for its AMX kernels, and its first decode
+    segfaults there (seen with llama-cpp-python 0.3.36 on the development Xeon; upstream
+    ggml-org/llama.cpp#20824). Load with the plain CPU buffers on such CPUs."""
+    import llama_cpp.llama as llama_module
+
+    if "amx_int8" not in _cpu_flags():
+        yield
+        return
+    default_params = llama_module.llama_cpp.llama_model_default_params
+
+    def plain_buffers():
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+
+    llama_module.llama_cpp.llama_model_default_params = plain_buffers
+    try:
+        yield
+    finally:
+        llama_module.llama_cpp.llama_model_default_params = default_params
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
 
 
 def _target_gguf(pair: LoadedPair) -> Path | None:
