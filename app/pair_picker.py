@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import CPU_DEFAULT_PRECISION, DEMO_TARGET, DEVICES, PRECISIONS, ModelSpec, PairConfig
+from engine.config import CPU_DEFAULT_PRECISION, DEMO_DRAFT_FOLDER, DEMO_TARGET, DEVICES, PRECISIONS, ModelSpec, PairConfig
 
 from .error_text import error_text
 from .worker import EngineClient
@@ -44,11 +44,16 @@ DEVICE_LABELS = {"auto": "auto: the GPU when there is one", "cpu": "CPU", "cuda"
 SOURCE_ROLE = Qt.ItemDataRole.UserRole
 NGRAM = ""  # the draft list's entry for "no draft model: n-gram prompt lookup"
 CHECKING = "checking its tokenizer…"
+DEMO_DRAFT = str(DEMO_DRAFT_FOLDER)
+# Shipped with the app: always listed, never stored among the user's own models.
+BUNDLED_MODELS = (DEMO_TARGET, DEMO_DRAFT)
 
 
 def model_label(source: str) -> str:
     if source == DEMO_TARGET:
         return "SmolLM2-135M-Instruct (bundled demo)"
+    if source == DEMO_DRAFT:
+        return "SmolLM2-135M distilled draft (bundled)"
     path = Path(source).expanduser()
     return f"{path.name} ({path.parent})" if path.is_absolute() else source
 
@@ -67,7 +72,7 @@ class PairPicker(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Model pair")
         self.client = client
-        self.user_models = [m for m in models if m != DEMO_TARGET]
+        self.user_models = [m for m in models if m not in BUNDLED_MODELS]
         self.taken_names = taken_names
         self.reasons: dict[str, str | None] = {}  # draft source -> why it does not fit, None if it does
         self._checked_target = ""
@@ -162,7 +167,7 @@ class PairPicker(QDialog):
     # Models
 
     def all_models(self) -> list[str]:
-        return [DEMO_TARGET, *self.user_models]
+        return [*BUNDLED_MODELS, *self.user_models]
 
     def add_model(self, source: str) -> None:
         if source not in self.all_models():
@@ -225,6 +230,8 @@ class PairPicker(QDialog):
         self.target.blockSignals(True)
         self.target.clear()
         for source in self.all_models():
+            if source == DEMO_DRAFT:
+                continue  # 16M parameters distilled to draft for the demo target, not to chat
             self.target.addItem(model_label(source), source)
             self.target.setItemData(self.target.count() - 1, source, Qt.ItemDataRole.ToolTipRole)
         self.target.setCurrentIndex(max(self.target.findData(keep), 0))
