@@ -27,7 +27,7 @@ from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, R
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
 
-from .config import CPU_DEFAULT_PRECISION, CUDA_DEFAULT_PRECISION, DEMO_TARGET, ModelSpec
+from .config import CPU_DEFAULT_PRECISION, CUDA_DEFAULT_PRECISION, DEMO_TARGET, DRAFT_DEFAULT_PRECISION, ModelSpec
 from .errors import ModelLoadError, OutOfMemoryError
 from .paths import cache_dir
 
@@ -71,11 +71,12 @@ class LoadedModel:
     folder: Path | None = None  # where its files are, for companions such as an n-gram table
 
 
-def load_model(spec: ModelSpec, progress: ProgressCallback | None = None) -> LoadedModel:
-    """Load the model `spec` describes, converting or finding its files first as needed."""
+def load_model(spec: ModelSpec, progress: ProgressCallback | None = None, as_draft: bool = False) -> LoadedModel:
+    """Load the model `spec` describes, converting or finding its files first as needed.
+    `as_draft` only changes what precision "auto" means."""
     report = progress or _ignore_progress
     device = resolve_device(spec.device)
-    precision = resolve_precision(spec.precision, device)
+    precision = resolve_precision(spec.precision, device, as_draft)
     folder = resolve_source(spec, report)
     tokenizer = _load_tokenizer(folder)
     report("Loading weights…", None)
@@ -128,9 +129,11 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def resolve_precision(precision: str, device: torch.device) -> str:
+def resolve_precision(precision: str, device: torch.device, as_draft: bool = False) -> str:
     if precision != "auto":
         return precision
+    if as_draft:
+        return DRAFT_DEFAULT_PRECISION
     return CUDA_DEFAULT_PRECISION if device.type == "cuda" else CPU_DEFAULT_PRECISION
 
 

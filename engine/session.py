@@ -290,7 +290,7 @@ def load_pair(config: PairConfig, progress: ProgressCallback | None = None) -> L
     draft = None
     if config.draft is not None:
         report(f"Loading draft {config.draft.source}…", None)
-        draft = load_model(config.draft, progress)
+        draft = load_model(config.draft, progress, as_draft=True)
         check_pair_compatible(target.tokenizer, draft.tokenizer)
     report("Ready", 1.0)
     return LoadedPair(config, target, draft)
