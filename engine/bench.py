@@ -31,6 +31,7 @@ ENGINE_METHODS = ("ar", "chain", "tree", "staged", "ngram")
 # generation of the same target file (the number a CPU user compares with).
 PEER_METHODS = ("hf-assisted", "llamacpp-ar")
 ALL_METHODS = ENGINE_METHODS + PEER_METHODS
+VECTOR_FLAGS = {"avx", "avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8"}
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "resources" / "prompts" / "chat_prompts.jsonl"
 
 
@@ -175,11 +176,13 @@ class Bench:
                 results[method].peak_rss_mb = max(results[method].peak_rss_mb, peak())
                 progress(f"prompt {index + 1}/{len(prompts)} {method:>12}: {len(token_ids) / seconds:6.1f} tok/s")
         reference = results.get("ar")
+        learnt_shapes = {} if self.settings.fixed_tree_shape else self.pair.auto_tree_shapes
         return {
             "machine": machine_description(self.pair),
             "pair": self.pair.describe(),
             "settings": self.settings.to_dict() | {"prompts": len(prompts)},
             "results": [results[method].summary(reference) for method in methods],
+            "tree_shapes": {method: learnt_shapes[method].describe() for method in methods if method in learnt_shapes},
         }
 
     def _runner(self, method: str) -> Callable[..., tuple[tuple[int, ...], float, GenerationStats | None]]:
@@ -337,6 +340,9 @@ def machine_description(pair: LoadedPair) -> dict:
         "processor": _cpu_name(),
         "cpu_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        # What the kernels can use: the same model name hides very different vector units
+        # (a hypervisor may expose only AVX of an AVX-512 CPU).
+        "cpu_vector_flags": sorted(_cpu_flags() & VECTOR_FLAGS),
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -375,4 +381,9 @@ def format_table(report: dict) -> str:
             f"{show(row['draft_stage_acceptance'], '{:.3f}'):>9} {show(row['exact_match_vs_ar'], '{:.2f}'):>6} "
             f"{row['peak_rss_mb']:>8.0f}"
         )
+    for method, shape in report.get("tree_shapes", {}).items():
+        costs = ", ".join(f"{size}: {ms:.0f}" for size, ms in shape["verify_ms_by_tokens"].items())
+        reach = ", ".join(f"{share:.2f}" for share in shape["reach_by_depth"])
+        draft_ms = f"{shape['draft_call_ms']:.1f}" if shape["draft_call_ms"] else "—"
+        lines.append(f"{method} (auto shape): verify ms by tokens {{{costs}}}; draft call {draft_ms} ms; reach by depth [{reach}]")
     return "\n".join(lines)

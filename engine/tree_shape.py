@@ -171,6 +171,17 @@ class AutoTreeShape:
             self.round_tokens = _blend(self.round_tokens, float(tokens))
         self.depth = self._next_depth()
 
+    def describe(self) -> dict:
+        """What this shape has learnt so far, for reports: where a round's time goes and how
+        deep its accepted paths reach."""
+        return {
+            "verify_ms_by_tokens": {size: seconds * 1000 for size, seconds in sorted(self.verify_seconds.items())},
+            "draft_call_ms": self.draft_call_seconds * 1000 if self.draft_call_seconds else None,
+            "rounds": self.rounds,
+            "depth": self.depth,
+            "reach_by_depth": [self.reached[d] / self.offered[d] for d in range(1, len(self.offered)) if self.offered[d]],
+        }
+
     def _next_depth(self) -> int:
         if not self.draft_call_seconds or not self.round_seconds or not self.round_tokens:
             return self.depth

@@ -33,8 +33,15 @@ def test_bench_reports_every_method_with_ratios_from_one_run(tmp_path, demo_targ
     assert rows["chain"]["mean_accepted_per_target_call"] >= 1.0
     assert len(rows["chain"]["per_prompt"]) == 2
     assert report["machine"]["cpu_cores"] >= 1
+    # Where a tree round's time goes, as the automatic shapes measured it in this run.
+    tree_methods = expected & {"tree", "staged"}
+    assert set(report["tree_shapes"]) == tree_methods
+    for method in tree_methods:
+        assert report["tree_shapes"][method]["verify_ms_by_tokens"]
+        assert report["tree_shapes"][method]["rounds"] > 0
     table = capsys.readouterr().out
     assert "hf-assisted" in table and "tok/s" in table
+    assert all(f"{method} (auto shape): verify ms by tokens" in table for method in tree_methods)
 
 
 def test_bench_refuses_an_unknown_method(capsys):
