@@ -94,10 +94,17 @@ def _tree_round(
 ) -> RoundOutcome:
     if not policy.calibrated:
         policy.calibrate(lambda tokens: _time_verify(target, context, tokens))
-    # 1. draft (the first round of a reply also prefills the new turn into both models)
-    prefill = len(target.pending(context)) > 1 or len(drafter.draft.pending(context)) > 1
+    # 1. draft, when drafting has been paying on this device; otherwise verify the root alone,
+    # a plain target step (the first round of a reply also prefills the new turn)
+    prefill = len(target.pending(context)) > 1
+    speculate = policy.speculate()
     started = time.perf_counter()
-    proposal = drafter.propose(context, policy.shape(), policy.choose_budget)
+    if speculate:
+        # A draft that sat out plain rounds first reads what it missed; the policy learns
+        # what a round costs without that.
+        drafter.draft.catch_up(context)
+    caught_up = time.perf_counter()
+    proposal = drafter.propose(context, policy.shape(), policy.choose_budget) if speculate else drafter.root_only(context)
     drafted = time.perf_counter()
 
     # 2. verify the whole tree in one forward, then keep only the accepted path's entries
@@ -116,7 +123,7 @@ def _tree_round(
     own = Provenance.BONUS if verdict.path and not tree.child_count(verdict.path[-1]) else Provenance.TARGET
     policy.record(
         tree.depths, proposal.scores, len(verdict.path), len(kept) + 1,
-        drafted - started, proposal.draft_calls, verify_tokens, verified - drafted, time.perf_counter() - started,
+        drafted - caught_up, proposal.draft_calls, verify_tokens, verified - drafted, time.perf_counter() - caught_up,
         learn_costs=not prefill,  # a prefill's time says nothing about a round's
     )
     return RoundOutcome(
@@ -137,9 +144,7 @@ def _time_verify(target: CachedModel, context: list[int], tokens: int) -> float:
     """Seconds of one target forward over `tokens` new tokens after `context`; the cache is
     left holding the context, as before."""
     filler = TokenTree.chain(context[-1], [context[-1]] * max(tokens - 1, 0))
-    pending = target.pending(context)
-    if len(pending) > 1:  # what the context still lacks is not part of the timing
-        target.forward(pending[:-1])
+    target.catch_up(context)  # what the context still lacks is not part of the timing
     started = time.perf_counter()
     logits = forward_tree(target, context, filler)
     float(logits[-1, 0])  # wait for the device: on a GPU the call only queues the work

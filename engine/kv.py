@@ -41,6 +41,13 @@ class CachedModel:
         self.crop(shared)
         return context[shared:]
 
+    def catch_up(self, context: list[int]) -> None:
+        """Cache all of `context` but its last token (whose logits a round still needs), so
+        that the round that follows costs what a round costs, whatever the cache missed."""
+        pending = self.pending(context)
+        if len(pending) > 1:
+            self.forward(pending[:-1])
+
     def forward(self, new_ids: list[int], logits_wanted: int = 1) -> torch.Tensor:
         """Append `new_ids` to the cache; return float32 logits (logits_wanted, V) for the
         last `logits_wanted` of them (the LM head over a whole prompt is costly to skip)."""

@@ -10,6 +10,10 @@ tokens costs what 1 does, is wrong on a 2-core CPU, and the reverse).
 - Budget: of the candidate nodes, best first, the prefix that maximises expected tokens
   per second of the round. Depth: one more draft call is worth it while the chance of
   reaching that depth, per second of draft call, beats the current tokens per second.
+- Whether to draft at all: only while tree rounds have been yielding more tokens per second
+  than plain target steps would. Where a weak draft meets a costly verify (a small CPU),
+  rounds become plain steps, so trees never make a reply slower than the target alone;
+  every EXPLORE_EVERY rounds one tree round checks whether that still holds.
 """
 from __future__ import annotations
 
@@ -33,6 +37,8 @@ class TreePolicy(Protocol):
 
     def calibrate(self, measure: Callable[[int], float]) -> None: ...
 
+    def speculate(self) -> bool: ...
+
     def shape(self) -> TreeShape: ...
 
     def choose_budget(self, candidates: list[tuple[int, float]]) -> int: ...
@@ -55,6 +61,9 @@ class FixedTreeShape:
     def calibrate(self, measure: Callable[[int], float]) -> None:
         pass
 
+    def speculate(self) -> bool:
+        return True
+
     def shape(self) -> TreeShape:
         return self._shape
 
@@ -74,9 +83,12 @@ class AutoTreeShape:
         self.depth = start_depth
         self.verify_seconds: dict[int, float] = {}
         self.draft_call_seconds: float | None = None
+        # Running averages over tree rounds (drafted), and the seconds of a plain round.
         self.round_seconds: float | None = None
         self.round_tokens: float | None = None
+        self.plain_round_seconds: float | None = None
         self.rounds = 0
+        self.plain_rounds = 0
         # Per depth d (index d): rounds whose tree reached d, rounds whose accepted path did,
         # and the summed predicted acceptance of the nodes at d.
         self.offered = [0] * (max_depth + 2)
@@ -93,6 +105,17 @@ class AutoTreeShape:
         for size in CALIBRATION_SIZES:
             if size <= self.max_budget + 1:
                 self.verify_seconds[size] = min(measure(size), measure(size))
+
+    def speculate(self) -> bool:
+        """Draft this round? Yes until tree rounds have been measured; then while they beat
+        plain steps (a plain step costs one verified token until plain rounds are timed), and
+        every EXPLORE_EVERY rounds regardless."""
+        if not self.round_seconds or not self.round_tokens:
+            return True
+        plain_seconds = self.plain_round_seconds or self.verify_cost(1)
+        if self.round_tokens / self.round_seconds > 1.0 / plain_seconds:
+            return True
+        return self.rounds % EXPLORE_EVERY == 0
 
     def shape(self) -> TreeShape:
         return TreeShape(budget=self.max_budget, depth=self.depth, branching=self.branching, beam=self.beam)
@@ -159,6 +182,8 @@ class AutoTreeShape:
         for depth, score in zip(depths[1:], scores[1:]):
             self.predicted[depth] += min(1.0, math.exp(score))
         self.rounds += 1
+        plain = max(depths) == 0  # the root alone was verified
+        self.plain_rounds += plain
         if learn_costs:
             if draft_calls:
                 self.draft_call_seconds = _blend(self.draft_call_seconds, draft_seconds / draft_calls)
@@ -167,8 +192,11 @@ class AutoTreeShape:
                 # (a busier machine, a longer context): scale all of it.
                 scale = _blend(1.0, verify_seconds / self.verify_cost(verify_tokens))
                 self.verify_seconds = {size: seconds * scale for size, seconds in self.verify_seconds.items()}
-            self.round_seconds = _blend(self.round_seconds, round_seconds)
-            self.round_tokens = _blend(self.round_tokens, float(tokens))
+            if plain:
+                self.plain_round_seconds = _blend(self.plain_round_seconds, round_seconds)
+            else:
+                self.round_seconds = _blend(self.round_seconds, round_seconds)
+                self.round_tokens = _blend(self.round_tokens, float(tokens))
         self.depth = self._next_depth()
 
     def describe(self) -> dict:
@@ -178,6 +206,10 @@ class AutoTreeShape:
             "verify_ms_by_tokens": {size: seconds * 1000 for size, seconds in sorted(self.verify_seconds.items())},
             "draft_call_ms": self.draft_call_seconds * 1000 if self.draft_call_seconds else None,
             "rounds": self.rounds,
+            "plain_rounds": self.plain_rounds,
+            "tree_round_ms": self.round_seconds * 1000 if self.round_seconds else None,
+            "tree_round_tokens": self.round_tokens,
+            "plain_round_ms": self.plain_round_seconds * 1000 if self.plain_round_seconds else None,
             "depth": self.depth,
             "reach_by_depth": [self.reached[d] / self.offered[d] for d in range(1, len(self.offered)) if self.offered[d]],
         }

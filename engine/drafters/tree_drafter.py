@@ -112,6 +112,10 @@ class TreeDrafter:
         tree, scores, kept_slots = _subtree(nodes, slots, ranked[:budget])
         return TreeProposal(tree, scores, self.draft.forward_calls - calls_before, len(chain), kept, kept_slots)
 
+    def root_only(self, context: list[int]) -> TreeProposal:
+        """No draft at all: the tree is the root, and the round is a plain target step."""
+        return TreeProposal(TokenTree([context[-1]], [-1]), [0.0], draft_calls=0, draft_slots={})
+
     def _expand(
         self,
         context: list[int],

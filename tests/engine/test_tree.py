@@ -74,6 +74,19 @@ def ar_reference(target_model, prompt, length):
     return decode(target_model, prompt, len(prompt) + length, lambda c: speculative_round(runner, NoDrafter(), c, 0, Sampler()).tokens)
 
 
+class SometimesPlain(FixedTreeShape):
+    """A fixed shape whose rounds are plain target steps (no draft) at random, as an
+    automatic shape's are where drafting does not pay: the draft then falls behind."""
+
+    def __init__(self, shape: TreeShape, seed: float, plain_share: float = 0.5):
+        super().__init__(shape)
+        self.rng = random.Random(seed)
+        self.plain_share = plain_share
+
+    def speculate(self) -> bool:
+        return self.rng.random() >= self.plain_share
+
+
 @pytest.mark.parametrize("draft_seed", [0, 7], ids=["always-right", "mostly-wrong"])
 @pytest.mark.parametrize("stage", [False, True], ids=["tree", "staged"])
 def test_greedy_tree_decoding_equals_ar(draft_seed, stage):
@@ -84,7 +97,7 @@ def test_greedy_tree_decoding_equals_ar(draft_seed, stage):
     rng = random.Random(draft_seed)
     for _ in range(4):
         shape = TreeShape(budget=rng.randint(1, 24), depth=rng.randint(1, 6), branching=rng.randint(1, 4), beam=rng.randint(1, 4))
-        for policy in (FixedTreeShape(shape), AutoTreeShape(max_budget=shape.budget)):
+        for policy in (FixedTreeShape(shape), AutoTreeShape(max_budget=shape.budget), SometimesPlain(shape, rng.random())):
             target = cached(target_model)
             drafter = TreeDrafter(cached(draft_model), 64, BackoffNgram(64) if stage else None)
             output = decode(
@@ -121,6 +134,8 @@ def test_greedy_verification_follows_a_planted_branch_through_random_trees(seed)
 
 def assert_cache_matches_fresh(model, runner: CachedModel):
     """Every cached key and value equals those of a fresh forward over the cached ids."""
+    if not runner.cached_ids:  # a draft that has only sat out plain rounds so far
+        return
     fresh = DynamicCache(config=model.config)
     with torch.inference_mode():
         model(torch.tensor([runner.cached_ids]), past_key_values=fresh, use_cache=True)
@@ -139,9 +154,10 @@ def test_compacted_caches_equal_a_fresh_recompute_after_many_rounds(stage):
     rng = random.Random(1)
     context = [1, 2, 3, 4]
     accepted = Counter()
-    for _ in range(40):
+    for _ in range(80):
         shape = TreeShape(budget=rng.randint(1, 16), depth=rng.randint(1, 5), branching=rng.randint(1, 4), beam=rng.randint(1, 3))
-        outcome = tree_round(target, drafter, context, FixedTreeShape(shape), sampler)
+        policy = SometimesPlain(shape, rng.random(), plain_share=0.25)
+        outcome = tree_round(target, drafter, context, policy, sampler)
         accepted[outcome.accepted] += 1
         context += outcome.tokens
         assert target.cached_ids == context[: len(target)]
@@ -238,3 +254,28 @@ def test_auto_depth_follows_measured_acceptance():
         return shape.depth
 
     assert trained(reaches=True) > trained(reaches=False)
+
+
+def test_auto_shape_drafts_only_while_trees_beat_plain_steps():
+    def speculating_rounds(tokens_per_tree_round: int) -> int:
+        shape = calibrated(0.004)  # 24 ms for one token, 52 ms for eight
+        drafted = 0
+        for _ in range(64):
+            if shape.speculate():
+                drafted += 1
+                depths, scores = [0, 1, 1, 2, 2, 3, 3, 3], [0.0, -0.5, -1.0, -1.0, -1.5, -1.5, -2.0, -2.5]
+                shape.record(
+                    depths, scores, accepted_depth=tokens_per_tree_round - 1, tokens=tokens_per_tree_round,
+                    draft_seconds=0.012, draft_calls=3, verify_tokens=8, verify_seconds=0.052, round_seconds=0.066,
+                )
+            else:
+                shape.record(
+                    [0], [0.0], accepted_depth=0, tokens=1,
+                    draft_seconds=0.0, draft_calls=0, verify_tokens=1, verify_seconds=0.024, round_seconds=0.025,
+                )
+        return drafted
+
+    # 1.2 tokens per 66 ms round lose to one token per 25 ms: only the exploring rounds draft.
+    assert speculating_rounds(1) <= 64 // 16 + 2
+    # 3 tokens per 66 ms beat it: every round drafts.
+    assert speculating_rounds(3) == 64
