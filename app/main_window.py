@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import METHODS, ConfigError, DecodeSettings, PairConfig, demo_pair
+from engine.config import METHODS, ConfigError, DecodeSettings, PairConfig, default_method, demo_pair
 from engine.events import Finished
 from engine.pairs import all_pairs, builtin_pairs
 from engine.paths import config_dir
@@ -295,7 +295,7 @@ class MainWindow(QMainWindow):
         info = self.client.pair
         if info is not None:
             if decoding.method not in info.methods:
-                decoding = decoding.with_changes(method="chain" if "chain" in info.methods else info.methods[0])
+                decoding = decoding.with_changes(method=default_method(info.methods))
             verifier_names = [name for name, _label, _exact in info.verifiers]
             if verifier_names and decoding.verifier not in verifier_names:
                 decoding = decoding.with_changes(verifier=verifier_names[0])

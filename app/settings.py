@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from engine.config import ConfigError, DecodeSettings
+from engine.config import METHODS, ConfigError, DecodeSettings, default_method
 from engine.paths import config_dir
 
 SETTINGS_FILE = "app-settings.json"
@@ -27,7 +27,9 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 @dataclass
 class AppSettings:
     active_pair: str = "demo"
-    decoding: DecodeSettings = field(default_factory=DecodeSettings)
+    # Trees for a first start with the demo pair; a pair without a draft model falls back
+    # to its own default method (see MainWindow.decode_settings).
+    decoding: DecodeSettings = field(default_factory=lambda: DecodeSettings(method=default_method(METHODS)))
     models: list[str] = field(default_factory=list)  # sources the user added: folders, GGUF files
     show_provenance: bool = False
 

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from .config import DEVICES, METHODS, PRECISIONS, VERIFIERS, ConfigError, DecodeSettings, ModelSpec, PairConfig
+from .config import DEVICES, METHODS, PRECISIONS, VERIFIERS, ConfigError, DecodeSettings, ModelSpec, PairConfig, default_method
 from .distill.command import add_distill_command
 from .drafters.ngram_table import add_ngram_table_command
 from .errors import TandemError
@@ -76,7 +76,7 @@ def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _add_decoding_arguments(parser: argparse.ArgumentParser, default_max_new_tokens: int = 512) -> None:
     defaults = DecodeSettings()
-    parser.add_argument("--method", choices=METHODS, default=defaults.method)
+    parser.add_argument("--method", choices=METHODS, help="default: tree when the pair has a draft model, else chain")
     parser.add_argument("--max-new-tokens", type=int, default=default_max_new_tokens)
     parser.add_argument("--temperature", type=float, default=defaults.temperature)
     parser.add_argument("--top-p", type=float, default=defaults.top_p)
@@ -104,9 +104,9 @@ def _pair_from_args(args: argparse.Namespace) -> PairConfig:
     return pair
 
 
-def _settings_from_args(args: argparse.Namespace) -> DecodeSettings:
+def _settings_from_args(args: argparse.Namespace, offered_methods: tuple[str, ...]) -> DecodeSettings:
     return DecodeSettings(
-        method=args.method,
+        method=args.method or default_method(offered_methods),
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
@@ -130,9 +130,9 @@ def _load(pair: PairConfig):
 def _run_chat(args: argparse.Namespace) -> int:
     from .terminal_chat import TerminalChat
 
-    settings = _settings_from_args(args)
+    _settings_from_args(args, METHODS)  # bad settings fail before a load that can take minutes
     pair = _load(_pair_from_args(args))
-    return TerminalChat(pair, settings, args.system).run()
+    return TerminalChat(pair, _settings_from_args(args, pair.methods), args.system).run()
 
 
 @contextlib.contextmanager
@@ -156,7 +156,7 @@ def _profiled(top: int):
 def _run_bench(args: argparse.Namespace) -> int:
     from .bench import ALL_METHODS, DEFAULT_PROMPTS, Bench, available_methods, format_table, parse_methods, read_prompts
 
-    settings = _settings_from_args(args)
+    settings = _settings_from_args(args, METHODS)  # each method in `methods` replaces its method
     methods = parse_methods(args.methods, ALL_METHODS)
     prompts = read_prompts(args.prompts or DEFAULT_PROMPTS)
     if args.limit:

@@ -14,6 +14,13 @@ DEVICES = ("auto", "cpu", "cuda")
 METHODS = ("ar", "chain", "tree", "staged", "ngram")
 # Methods that need a draft model; the others run with any pair.
 DRAFT_MODEL_METHODS = ("tree", "staged")
+
+
+def default_method(offered: tuple[str, ...]) -> str:
+    """What a pair decodes with unless the user chose otherwise: a token tree where the pair
+    has a draft model for one (its automatic shape falls back to plain target steps where
+    drafting does not pay), else a chain from the n-gram drafter."""
+    return "tree" if "tree" in offered else "chain"
 VERIFIERS = ("token", "block")
 
 # What precision="auto" means. On the CPU, bf16 runs a forward faster than fp32, but its

@@ -130,6 +130,9 @@ def test_the_system_prompt_belongs_to_its_conversation(ready_window, qtbot):
 def test_switching_method_applies_to_the_next_reply(ready_window, qtbot):
     engine = FakeEngine()
     window = ready_window(engine)
+    # A first start asks for trees; this pair has no draft model for them, so it chains.
+    assert window.settings.decoding.method == "tree"
+    assert window.decode_settings().method == window.method_combo.currentData() == "chain"
     window.method_combo.setCurrentIndex(window.method_combo.findData("ar"))
     window.method_combo.activated.emit(window.method_combo.currentIndex())
     finished = send_and_wait(qtbot, window, "Hi")
