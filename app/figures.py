@@ -5,7 +5,7 @@ version still shows, and the panel and the message line format them the same way
 """
 from __future__ import annotations
 
-from engine.config import DecodeSettings
+from engine.config import TREE_METHODS, DecodeSettings
 from engine.stats import GenerationStats
 
 STOP_REASONS = {
@@ -44,16 +44,21 @@ def ratio(value: float | None) -> str:
 
 
 def decoding_mode(decoding: dict, verifier_label: str = "") -> str:
-    """'chain, K=4, block verification, greedy' — what produced a reply."""
+    """'chain, K=4, block verification, greedy' or 'tree, auto shape, temperature 0.7' —
+    what produced a reply."""
     method = decoding.get("method", "?")
     parts = [method]
-    if method != "ar":
+    chain = method not in ("ar", *TREE_METHODS)
+    if chain:
         parts.append(f"K={decoding.get('draft_tokens', '?')}")
+    elif method in TREE_METHODS:
+        shape = decoding.get("tree_shape", "auto")
+        parts.append("auto shape" if shape == "auto" else f"{shape} tree")
     temperature = decoding.get("temperature", 0.0)
     if temperature == 0:
         parts.append("greedy")
     else:
-        if method != "ar" and verifier_label:
+        if chain and verifier_label:  # trees accept by one target sample per node, not by a verifier choice
             parts.append(verifier_label)
         parts.append(f"temperature {temperature:g}")
         if decoding.get("top_p", 1.0) < 1.0:

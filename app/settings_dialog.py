@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import METHODS, VERIFIERS, ConfigError, DecodeSettings, PairConfig
+from engine.config import METHODS, TREE_METHODS, VERIFIERS, ConfigError, DecodeSettings, PairConfig
 from engine.pairs import builtin_pairs, save_user_pairs
 
 from .error_text import error_text
@@ -39,7 +39,6 @@ METHOD_LABELS = {
     "staged": "staged: a tree whose drafting is itself sped up by an n-gram model (fastest)",
     "ngram": "ngram: an n-gram model of the conversation drafts K tokens, no draft model",
 }
-TREE_METHODS = ("tree", "staged")
 TREE_SHAPES = ("auto", "8x3", "16x4", "24x5", "32x6", "64x8")
 
 

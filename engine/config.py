@@ -12,8 +12,10 @@ from typing import Any
 PRECISIONS = ("auto", "int8", "bf16", "fp16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
 METHODS = ("ar", "chain", "tree", "staged", "ngram")
-# Methods that need a draft model; the others run with any pair.
-DRAFT_MODEL_METHODS = ("tree", "staged")
+# Methods that decode with token trees; the draft model grows the trees, so only they
+# need one, and the others run with any pair.
+TREE_METHODS = ("tree", "staged")
+DRAFT_MODEL_METHODS = TREE_METHODS
 
 
 def default_method(offered: tuple[str, ...]) -> str:
@@ -31,7 +33,7 @@ CPU_DEFAULT_PRECISION = "fp32"
 # On a GPU, memory is the scarce resource; int8 halves it at a small cost in quality.
 CUDA_DEFAULT_PRECISION = "int8"
 # A draft's rounding never reaches the output: the target verifies every token it proposes.
-# bf16 runs the demo draft's forward 2.5-4x faster than fp32 on the development CPU
+# bf16 runs the demo draft's one-token forward 1.6x faster than fp32 on the development CPU
 # (docs/BENCHMARKS.md), and a small draft gains nothing from int8 on a GPU.
 DRAFT_DEFAULT_PRECISION = "bf16"
 
