@@ -86,7 +86,7 @@ def take_screenshots(app: QApplication, window, home: Path, cache: Path) -> None
     wait_until(app, lambda: window.load_progress.isVisible(), 10)
     save(window, "first-start-loading.png")
     wait_until(app, lambda: window.client.pair is not None, 300)
-    window.set_decoding(DecodeSettings(method="chain", draft_tokens=4, max_new_tokens=200))
+    window.set_decoding(DecodeSettings(method="tree", max_new_tokens=200))
 
     window.pane.input.setPlainText(FIRST_QUESTION)
     window.pane.send_button.click()
