@@ -93,7 +93,7 @@ def _tree_round(
     target: CachedModel, drafter: TreeDrafter, context: list[int], policy: TreePolicy, sampler: Sampler
 ) -> RoundOutcome:
     if not policy.calibrated:
-        policy.calibrate(lambda tokens: _time_verify(target, context, tokens))
+        policy.calibrate(lambda tokens: time_verify(target, context, tokens))
     # 1. draft, when drafting has been paying on this device; otherwise verify the root alone,
     # a plain target step (the first round of a reply also prefills the new turn)
     prefill = len(target.pending(context)) > 1
@@ -140,7 +140,7 @@ def _tree_round(
     )
 
 
-def _time_verify(target: CachedModel, context: list[int], tokens: int) -> float:
+def time_verify(target: CachedModel, context: list[int], tokens: int) -> float:
     """Seconds of one target forward over `tokens` new tokens after `context`; the cache is
     left holding the context, as before."""
     filler = TokenTree.chain(context[-1], [context[-1]] * max(tokens - 1, 0))

@@ -19,7 +19,7 @@ import torch
 from .chat_prompt import Message, build_prompt
 from .compat import check_pair_compatible
 from .config import DRAFT_MODEL_METHODS, ConfigError, DecodeSettings, PairConfig
-from .decoding import RoundOutcome, speculative_round, tree_round
+from .decoding import RoundOutcome, speculative_round, time_verify, tree_round
 from .detokenize import IncrementalDetokenizer
 from .drafters.backoff_ngram import TABLE_FILE, BackoffNgram, BackoffNgramDrafter, NgramCounts
 from .drafters.base import Drafter, NoDrafter
@@ -97,6 +97,20 @@ class LoadedPair:
         if method == "ngram":
             return BackoffNgramDrafter(self.ngram_model)
         return self.drafter
+
+    def calibrate_trees(self) -> None:
+        """Measure once what verifying n tree tokens costs this target on this device, for
+        every automatic tree shape, so that no reply waits for it before its first token."""
+        if not self.auto_tree_shapes:
+            return
+        probe = build_prompt(self.tokenizer, [Message("user", "Hello!")], None, self.context_length).token_ids
+        first, *others = self.auto_tree_shapes.values()
+        try:
+            first.calibrate(lambda tokens: time_verify(self.target_runner, probe, tokens))
+        finally:
+            self.target_runner.reset()
+        for shape in others:
+            shape.calibrate_like(first)
 
     def tree_policy(self, settings: DecodeSettings) -> TreePolicy:
         fixed = settings.fixed_tree_shape
@@ -292,5 +306,9 @@ def load_pair(config: PairConfig, progress: ProgressCallback | None = None) -> L
         report(f"Loading draft {config.draft.source}…", None)
         draft = load_model(config.draft, progress, as_draft=True)
         check_pair_compatible(target.tokenizer, draft.tokenizer)
+    pair = LoadedPair(config, target, draft)
+    if pair.auto_tree_shapes:
+        report("Measuring what verifying a token tree costs on this device…", None)
+        pair.calibrate_trees()
     report("Ready", 1.0)
-    return LoadedPair(config, target, draft)
+    return pair

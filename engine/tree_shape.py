@@ -117,6 +117,11 @@ class AutoTreeShape:
             return True
         return self.rounds % EXPLORE_EVERY == 0
 
+    def calibrate_like(self, other: AutoTreeShape) -> None:
+        """Take `other`'s calibration: the verify cost belongs to the target and the device,
+        not to the method."""
+        self.verify_seconds = dict(other.verify_seconds)
+
     def shape(self) -> TreeShape:
         return TreeShape(budget=self.max_budget, depth=self.depth, branching=self.branching, beam=self.beam)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import engine.decoding
 from engine.chat_prompt import Message
 from engine.config import ConfigError, DecodeSettings, PairConfig, ModelSpec, demo_pair
 from engine.errors import ContextOverflowError, PromptError
@@ -131,3 +132,24 @@ def test_demo_target_answers_a_real_question(demo_target):
     assert "Paris" in finished.text
     assert finished.stats.tokens_per_s > 0
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == finished.text
+
+
+def test_trees_are_calibrated_once_at_load_so_no_reply_waits_for_it(make_word_tokenizer, monkeypatch):
+    tokenizer = make_word_tokenizer(WORDS, chat_template=TEMPLATE, eos_token="<pad>")
+    target = LoadedModel(tiny_llama(seed=3, vocab_size=64), tokenizer, torch.device("cpu"), torch.float32, "fp32", "tiny", context_length=96)
+    draft = LoadedModel(tiny_llama(seed=4, vocab_size=64), tokenizer, torch.device("cpu"), torch.float32, "fp32", "tiny", context_length=96)
+    pair = LoadedPair(PairConfig("tiny", ModelSpec("tiny"), ModelSpec("tiny-draft")), target, draft)
+    pair.stop_token_ids = frozenset()
+    pair.calibrate_trees()
+    shapes = pair.auto_tree_shapes
+    assert set(shapes) == {"tree", "staged"}
+    assert shapes["tree"].verify_seconds and shapes["tree"].verify_seconds == shapes["staged"].verify_seconds
+    assert len(pair.target_runner) == 0  # the probe leaves nothing behind
+
+    def no_more_timing(*args):
+        raise AssertionError("a reply measured the verify cost again")
+
+    monkeypatch.setattr(engine.decoding, "time_verify", no_more_timing)
+    for method in ("tree", "staged"):
+        events = run(pair.generate([Message("user", "w1 w2 w3")], DecodeSettings(method=method, max_new_tokens=8)))
+        assert len(events[-1].token_ids) == 8
