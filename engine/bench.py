@@ -340,8 +340,8 @@ def machine_description(pair: LoadedPair) -> dict:
         "processor": _cpu_name(),
         "cpu_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        # What the kernels can use: the same model name hides very different vector units
-        # (a hypervisor may expose only AVX of an AVX-512 CPU).
+        # What the kernels can use: one model name ("AMD EPYC", "Intel Xeon") covers very
+        # different vector units, and bf16's speed depends on them.
         "cpu_vector_flags": sorted(_cpu_flags() & VECTOR_FLAGS),
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
         "torch": torch.__version__,

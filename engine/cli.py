@@ -156,7 +156,7 @@ def _profiled(top: int):
 def _run_bench(args: argparse.Namespace) -> int:
     from .bench import ALL_METHODS, DEFAULT_PROMPTS, Bench, available_methods, format_table, parse_methods, read_prompts
 
-    settings = _settings_from_args(args, METHODS)  # each method in `methods` replaces its method
+    settings = _settings_from_args(args, METHODS)  # the bench sets the method of each run itself
     methods = parse_methods(args.methods, ALL_METHODS)
     prompts = read_prompts(args.prompts or DEFAULT_PROMPTS)
     if args.limit:

@@ -16,13 +16,6 @@ METHODS = ("ar", "chain", "tree", "staged", "ngram")
 # need one, and the others run with any pair.
 TREE_METHODS = ("tree", "staged")
 DRAFT_MODEL_METHODS = TREE_METHODS
-
-
-def default_method(offered: tuple[str, ...]) -> str:
-    """What a pair decodes with unless the user chose otherwise: a token tree where the pair
-    has a draft model for one (its automatic shape falls back to plain target steps where
-    drafting does not pay), else a chain from the n-gram drafter."""
-    return "tree" if "tree" in offered else "chain"
 VERIFIERS = ("token", "block")
 
 # What precision="auto" means. On the CPU, bf16 runs a forward faster than fp32, but its
@@ -36,6 +29,13 @@ CUDA_DEFAULT_PRECISION = "int8"
 # bf16 runs the demo draft's one-token forward 1.6x faster than fp32 on the development CPU
 # (docs/BENCHMARKS.md), and a small draft gains nothing from int8 on a GPU.
 DRAFT_DEFAULT_PRECISION = "bf16"
+
+
+def default_method(offered: tuple[str, ...]) -> str:
+    """What a pair decodes with unless the user chose otherwise: a token tree where the pair
+    has a draft model for one (its automatic shape falls back to plain target steps where
+    drafting does not pay), else a chain from the n-gram drafter."""
+    return "tree" if "tree" in offered else "chain"
 
 
 class ConfigError(ValueError):
