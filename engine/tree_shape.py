@@ -164,12 +164,14 @@ class AutoTreeShape:
 
     def reach_probability(self, depth: int) -> float:
         """Chance that a round's accepted path reaches `depth`; unseen depths extrapolate the
-        decay of the last two seen ones."""
+        decay of the last two seen ones. Never above the chance of reaching the depth before:
+        a path that reaches it went through that one, and the deep levels are seen in few
+        rounds, where one lucky round would otherwise read as a high chance."""
         if depth <= 0:
             return 1.0
-        if self.offered[depth]:
-            return (self.reached[depth] + 0.5) / (self.offered[depth] + 1.0)
         previous = self.reach_probability(depth - 1)
+        if self.offered[depth]:
+            return min(previous, (self.reached[depth] + 0.5) / (self.offered[depth] + 1.0))
         before = self.reach_probability(depth - 2)
         return previous * (previous / before if before > 0 else 0.0)
 

@@ -279,3 +279,17 @@ def test_auto_shape_drafts_only_while_trees_beat_plain_steps():
     assert speculating_rounds(1) <= 64 // 16 + 2
     # 3 tokens per 66 ms beat it: every round drafts.
     assert speculating_rounds(3) == 64
+
+
+def test_reach_by_depth_never_rises_with_depth():
+    shape = calibrated(0.0002)
+    shallow = ([0, 1, 2], [0.0, -0.1, -0.2], 0)  # 20 rounds whose trees stop at depth 2, all rejected
+    deep = ([0, 1, 2, 3, 4], [0.0, -0.1, -0.2, -0.3, -0.4], 4)  # one deep tree, accepted in full
+    for depths, scores, accepted_depth in [shallow] * 20 + [deep]:
+        shape.record(
+            depths, scores, accepted_depth=accepted_depth, tokens=accepted_depth + 1, draft_seconds=0.004,
+            draft_calls=len(depths) - 1, verify_tokens=len(depths), verify_seconds=0.021, round_seconds=0.025,
+        )
+    reach = [shape.reach_probability(depth) for depth in range(1, 7)]
+    assert all(deeper <= shallower for shallower, deeper in zip(reach, reach[1:])), reach
+    assert reach[3] < 0.1  # one lucky round in 21 does not make depth 4 likely
