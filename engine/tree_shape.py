@@ -224,7 +224,12 @@ class AutoTreeShape:
     def _next_depth(self) -> int:
         if not self.draft_call_seconds or not self.round_seconds or not self.round_tokens:
             return self.depth
+        # A deeper level is worth a draft call only if it promises more tokens per second
+        # than decoding gets now: the better of tree rounds and plain steps. (Against slow
+        # tree rounds alone, even a rarely reached level looks worth it.)
         tokens_per_second = self.round_tokens / self.round_seconds
+        if self.plain_round_seconds:
+            tokens_per_second = max(tokens_per_second, 1.0 / self.plain_round_seconds)
         depth = 1
         while depth < self.max_depth and self.reach_probability(depth + 1) / self.draft_call_seconds > tokens_per_second:
             depth += 1

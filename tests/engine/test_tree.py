@@ -293,3 +293,20 @@ def test_reach_by_depth_never_rises_with_depth():
     reach = [shape.reach_probability(depth) for depth in range(1, 7)]
     assert all(deeper <= shallower for shallower, deeper in zip(reach, reach[1:])), reach
     assert reach[3] < 0.1  # one lucky round in 21 does not make depth 4 likely
+
+
+def test_auto_depth_stays_shallow_where_plain_steps_beat_tree_rounds():
+    shape = calibrated(0.004)
+    for _ in range(32):
+        if shape.speculate():  # slow tree rounds that rarely go past depth 1
+            shape.record(
+                [0, 1, 2, 3], [0.0, -0.5, -1.0, -1.5], accepted_depth=1, tokens=2, draft_seconds=0.015,
+                draft_calls=3, verify_tokens=4, verify_seconds=0.036, round_seconds=0.120,
+            )
+        else:  # plain steps at 40 tokens/s
+            shape.record([0], [0.0], accepted_depth=0, tokens=1, draft_seconds=0.0, draft_calls=0,
+                         verify_tokens=1, verify_seconds=0.024, round_seconds=0.025)
+    # No tree round ever reached depth 2: its estimated chance (~0.1) per 5 ms draft call is
+    # ~20 tokens/s, more than the tree rounds' own 17 but half the plain steps' 40. Deeper
+    # trees would only make the exploring rounds dearer.
+    assert shape.depth <= 2
