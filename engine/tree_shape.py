@@ -110,12 +110,20 @@ class AutoTreeShape:
         """Draft this round? Yes until tree rounds have been measured; then while they beat
         plain steps (a plain step costs one verified token until plain rounds are timed), and
         every EXPLORE_EVERY rounds regardless."""
-        if not self.round_seconds or not self.round_tokens:
+        tree_rate = self._tree_rate()
+        if tree_rate is None:
             return True
-        plain_seconds = self.plain_round_seconds or self.verify_cost(1)
-        if self.round_tokens / self.round_seconds > 1.0 / plain_seconds:
+        if tree_rate > (self._plain_rate() or 1.0 / self.verify_cost(1)):
             return True
         return self.rounds % EXPLORE_EVERY == 0
+
+    def _tree_rate(self) -> float | None:
+        """Tokens per second of drafted rounds so far; None before one was timed."""
+        return self.round_tokens / self.round_seconds if self.round_seconds and self.round_tokens else None
+
+    def _plain_rate(self) -> float | None:
+        """Tokens per second of plain steps so far; None before one was timed."""
+        return 1.0 / self.plain_round_seconds if self.plain_round_seconds else None
 
     def calibrate_like(self, other: AutoTreeShape) -> None:
         """Take `other`'s calibration: the verify cost belongs to the target and the device,
@@ -222,14 +230,13 @@ class AutoTreeShape:
         }
 
     def _next_depth(self) -> int:
-        if not self.draft_call_seconds or not self.round_seconds or not self.round_tokens:
+        tree_rate = self._tree_rate()
+        if not self.draft_call_seconds or tree_rate is None:
             return self.depth
         # A deeper level is worth a draft call only if it promises more tokens per second
         # than decoding gets now: the better of tree rounds and plain steps. (Against slow
         # tree rounds alone, even a rarely reached level looks worth it.)
-        tokens_per_second = self.round_tokens / self.round_seconds
-        if self.plain_round_seconds:
-            tokens_per_second = max(tokens_per_second, 1.0 / self.plain_round_seconds)
+        tokens_per_second = max(tree_rate, self._plain_rate() or 0.0)
         depth = 1
         while depth < self.max_depth and self.reach_probability(depth + 1) / self.draft_call_seconds > tokens_per_second:
             depth += 1
