@@ -130,4 +130,5 @@ def detail_rows(figures: dict) -> list[tuple[str, str]]:
     if pair:
         rows.append(("Pair", f"{pair.get('name', '?')}: {pair.get('target', '?')} + {pair.get('draft', '?')}"))
         rows.append(("Device", f"{pair.get('device', '?')}, {pair.get('precision', '?')}, {memory(pair.get('memory_mb'))}"))
+        rows.append(("Runtime", pair.get("runtime", "torch")))
     return rows

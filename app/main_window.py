@@ -226,7 +226,7 @@ class MainWindow(QMainWindow):
         description = info.description
         self.load_label.setText(
             f"Ready: {description.get('target')} + {description.get('draft')} "
-            f"on {description.get('device')} ({description.get('precision')})"
+            f"on {description.get('device')} ({description.get('precision')}, {description.get('runtime', 'torch')})"
         )
         self.load_progress.setVisible(self.client.loading is not None)
         self.setWindowTitle(f"Tandem — {info.config.name}")

@@ -28,17 +28,22 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import CPU_DEFAULT_PRECISION, DEMO_DRAFT_FOLDER, DEMO_TARGET, DEVICES, PRECISIONS, ModelSpec, PairConfig
+from engine.config import CPU_DEFAULT_PRECISION, DEMO_DRAFT_FOLDER, DEMO_TARGET, DEVICES, PRECISIONS, RUNTIMES, ModelSpec, PairConfig
 
 from .error_text import error_text
 from .worker import EngineClient
 
 PRECISION_LABELS = {
-    "auto": f"auto: 8-bit on a CUDA GPU, {CPU_DEFAULT_PRECISION} on the CPU",
-    "int8": "int8: 8-bit weights (bitsandbytes), half the memory",
+    "auto": f"auto: 8-bit on a CUDA GPU, {CPU_DEFAULT_PRECISION} on the CPU (llama.cpp: Q8_0)",
+    "int8": "int8: 8-bit weights (bitsandbytes; Q8_0 on llama.cpp), half the memory",
     "bf16": "bf16",
     "fp16": "fp16",
     "fp32": "fp32: full precision, most memory",
+}
+RUNTIME_LABELS = {
+    "auto": "auto: llama.cpp for GGUF files (and drafts exported to GGUF), PyTorch otherwise",
+    "llama.cpp": "llama.cpp: GGUF files only",
+    "torch": "PyTorch: every model, bitsandbytes int8 on a GPU",
 }
 DEVICE_LABELS = {"auto": "auto: the GPU when there is one", "cpu": "CPU", "cuda": "CUDA GPU"}
 SOURCE_ROLE = Qt.ItemDataRole.UserRole
@@ -93,6 +98,10 @@ class PairPicker(QDialog):
         form.addRow("Target model", self.target)
         form.addRow("Target precision", self.precision)
         form.addRow("Device", self.device)
+        self.runtime = QComboBox()
+        for value in RUNTIMES:
+            self.runtime.addItem(RUNTIME_LABELS.get(value, value), value)
+        form.addRow("Runtime", self.runtime)
         layout.addLayout(form)
 
         layout.addWidget(QLabel("Draft (only models with the target's tokenizer can draft for it)"))
@@ -148,6 +157,7 @@ class PairPicker(QDialog):
         if pair:
             self.precision.setCurrentIndex(max(self.precision.findData(pair.target.precision), 0))
             self.device.setCurrentIndex(max(self.device.findData(pair.target.device), 0))
+            self.runtime.setCurrentIndex(max(self.runtime.findData(pair.runtime), 0))
         self._on_target_changed()
         self._select_draft(pair.draft.source if pair and pair.draft else NGRAM)
         self.resize(620, 560)
@@ -158,7 +168,7 @@ class PairPicker(QDialog):
         target = ModelSpec(self.target.currentData(), self.precision.currentData(), self.device.currentData())
         draft_source = self.selected_draft()
         draft = ModelSpec(draft_source, "auto", target.device) if draft_source else None
-        return PairConfig(self.name.text().strip(), target, draft)
+        return PairConfig(self.name.text().strip(), target, draft, runtime=self.runtime.currentData())
 
     def selected_draft(self) -> str:
         item = self.drafts.currentItem()

@@ -124,6 +124,7 @@ class SpeedPanel(QDockWidget):
             ("saved", "Target calls saved"),
             ("mode", "Decoding"),
             ("device", "Device"),
+            ("runtime", "Runtime"),
             ("memory", "Memory in use"),
         ):
             value = QLabel("—")
@@ -160,6 +161,7 @@ class SpeedPanel(QDockWidget):
         self.values["device"].setText(
             f"{description.get('device', '?')}, {description.get('precision', '?')}"
         )
+        self.values["runtime"].setText(description.get("runtime", "torch"))
         self.values["memory"].setText(fmt.memory(description.get("memory_mb")))
 
     def start_reply(self, settings: DecodeSettings, verifier_label: str) -> None:

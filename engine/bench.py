@@ -23,6 +23,7 @@ import transformers
 from .chat_prompt import Message, build_prompt
 from .config import DEMO_TARGET, ConfigError, DecodeSettings
 from .events import Finished
+from .runtime import llamacpp_library
 from .session import LoadedPair
 from .stats import GenerationStats
 
@@ -134,7 +135,11 @@ def read_prompts(path: Path) -> list[str]:
 
 def available_methods(pair: LoadedPair) -> list[str]:
     """Every method this pair can run here: its own, and the peers whose libraries are installed."""
-    peers = [m for m in PEER_METHODS if m != "llamacpp-ar" or importlib.util.find_spec("llama_cpp") is not None]
+    peers = []
+    if _runs_on_torch(pair):
+        peers.append("hf-assisted")
+    if importlib.util.find_spec("llama_cpp") is not None:
+        peers.append("llamacpp-ar")
     return [m for m in ENGINE_METHODS if m in pair.methods] + peers
 
 
@@ -190,6 +195,8 @@ class Bench:
             return lambda prompt, max_new_tokens: self._run_engine(method, prompt, max_new_tokens)
         if method == "llamacpp-ar":
             return LlamaCppRunner(self.pair, self.settings)
+        if not _runs_on_torch(self.pair):
+            raise ConfigError("hf-assisted runs transformers on the pair's weights: add --runtime torch")
         return self._run_hf_assisted
 
     def _run_engine(self, method: str, prompt: str, max_new_tokens: int):
@@ -303,6 +310,10 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def _runs_on_torch(pair: LoadedPair) -> bool:
+    return pair.target.model is not None and (pair.draft is None or pair.draft.model is not None)
+
+
 def _target_gguf(pair: LoadedPair) -> Path | None:
     from .models import demo_gguf_path
 
@@ -346,6 +357,7 @@ def machine_description(pair: LoadedPair) -> dict:
         "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "llama_cpp_python": llamacpp_library.version() if llamacpp_library.available() else None,
         "device": str(device),
     }
     if device.type == "cuda":

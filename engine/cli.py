@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import json
 import sys
 from pathlib import Path
 
-from .config import DEVICES, METHODS, PRECISIONS, VERIFIERS, ConfigError, DecodeSettings, ModelSpec, PairConfig, default_method
+from .config import DEVICES, METHODS, PRECISIONS, RUNTIMES, VERIFIERS, ConfigError, DecodeSettings, ModelSpec, PairConfig, default_method
 from .distill.command import add_distill_command
 from .drafters.ngram_table import add_ngram_table_command
 from .errors import TandemError
@@ -72,6 +73,11 @@ def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", help="with --target: a draft model (default: n-gram prompt lookup)")
     parser.add_argument("--precision", choices=PRECISIONS, help="target precision (default: auto)")
     parser.add_argument("--device", choices=DEVICES, help="device for both models (default: auto)")
+    parser.add_argument(
+        "--runtime", choices=RUNTIMES,
+        help="what runs the models: llama.cpp (GGUF files), torch, or auto = llama.cpp wherever a model "
+        "has a GGUF file and llama-cpp-python is installed (default: the pair's setting, auto)",
+    )
 
 
 def _add_decoding_arguments(parser: argparse.ArgumentParser, default_max_new_tokens: int = 512) -> None:
@@ -96,11 +102,13 @@ def _pair_from_args(args: argparse.Namespace) -> PairConfig:
     if args.target:
         target = ModelSpec(args.target, args.precision or "auto", args.device or "auto")
         draft = ModelSpec(args.draft, "auto", args.device or "auto") if args.draft else None
-        return PairConfig(name="command line", target=target, draft=draft)
+        return PairConfig(name="command line", target=target, draft=draft, runtime=args.runtime or "auto")
     pair = find_pair(args.pair)
     if args.precision or args.device:
         target = ModelSpec(pair.target.source, args.precision or pair.target.precision, args.device or pair.target.device)
-        pair = PairConfig(pair.name, target, pair.draft, pair.ngram)
+        pair = dataclasses.replace(pair, target=target)
+    if args.runtime:
+        pair = dataclasses.replace(pair, runtime=args.runtime)
     return pair
 
 

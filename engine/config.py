@@ -11,6 +11,9 @@ from typing import Any
 
 PRECISIONS = ("auto", "int8", "bf16", "fp16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
+# Which runtime runs a pair's models: "auto" is llama.cpp for a model that has a GGUF file
+# (when llama-cpp-python is installed), torch for everything else.
+RUNTIMES = ("auto", "torch", "llama.cpp")
 METHODS = ("ar", "chain", "tree", "staged", "ngram")
 # Methods that decode with token trees; the draft model grows the trees, so only they
 # need one, and the others run with any pair.
@@ -29,6 +32,10 @@ CUDA_DEFAULT_PRECISION = "int8"
 # bf16 runs the demo draft's one-token forward 1.6x faster than fp32 on the development CPU
 # (docs/BENCHMARKS.md), and a small draft gains nothing from int8 on a GPU.
 DRAFT_DEFAULT_PRECISION = "bf16"
+# What precision="auto" means for a GGUF target on llama.cpp: "stored" runs the file as it
+# is; int8/fp16/bf16/fp32 re-quantise it once into the cache. Chosen by `tandem bench`
+# on the development CPU (docs/BENCHMARKS.md).
+LLAMACPP_TARGET_PRECISION = "int8"
 
 
 def default_method(offered: tuple[str, ...]) -> str:
@@ -82,6 +89,11 @@ class PairConfig:
     target: ModelSpec
     draft: ModelSpec | None = None
     ngram: NgramSettings = field(default_factory=NgramSettings)
+    runtime: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.runtime not in RUNTIMES:
+            raise ConfigError(f"unknown runtime {self.runtime!r}; choose one of {', '.join(RUNTIMES)}")
 
     @property
     def draft_label(self) -> str:
@@ -99,6 +111,7 @@ class PairConfig:
                 target=ModelSpec(**data["target"]),
                 draft=ModelSpec(**draft) if draft else None,
                 ngram=NgramSettings(**data.get("ngram", {})),
+                runtime=data.get("runtime", "auto"),
             )
         except (KeyError, TypeError) as error:
             raise ConfigError(f"malformed pair description: {error}") from error

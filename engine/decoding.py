@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from .drafters.base import Drafter
 from .drafters.tree_drafter import TreeDrafter
 from .events import Provenance
-from .kv import CachedModel
+from .runtime import ModelRuntime
 from .sampling import Sampler
 from .tree import TokenTree, forward_tree, keep_path, verify_tree_greedy, verify_tree_sampled
 from .tree_shape import TreePolicy
@@ -33,7 +33,7 @@ class RoundOutcome:
 
 
 def speculative_round(
-    target: CachedModel,
+    target: ModelRuntime,
     drafter: Drafter,
     context: list[int],
     draft_tokens: int,
@@ -76,7 +76,7 @@ def speculative_round(
 
 
 def tree_round(
-    target: CachedModel, drafter: TreeDrafter, context: list[int], policy: TreePolicy, sampler: Sampler
+    target: ModelRuntime, drafter: TreeDrafter, context: list[int], policy: TreePolicy, sampler: Sampler
 ) -> RoundOutcome:
     """Draft a token tree, verify all of it in one target forward, keep the accepted path."""
     try:
@@ -90,7 +90,7 @@ def tree_round(
 
 
 def _tree_round(
-    target: CachedModel, drafter: TreeDrafter, context: list[int], policy: TreePolicy, sampler: Sampler
+    target: ModelRuntime, drafter: TreeDrafter, context: list[int], policy: TreePolicy, sampler: Sampler
 ) -> RoundOutcome:
     if not policy.calibrated:
         policy.calibrate(lambda tokens: time_verify(target, context, tokens))
@@ -140,7 +140,7 @@ def _tree_round(
     )
 
 
-def time_verify(target: CachedModel, context: list[int], tokens: int) -> float:
+def time_verify(target: ModelRuntime, context: list[int], tokens: int) -> float:
     """Seconds of one target forward over `tokens` new tokens after `context`; the cache is
     left holding the context, as before."""
     filler = TokenTree.chain(context[-1], [context[-1]] * max(tokens - 1, 0))

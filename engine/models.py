@@ -27,9 +27,12 @@ from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, R
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
 
-from .config import CPU_DEFAULT_PRECISION, CUDA_DEFAULT_PRECISION, DEMO_TARGET, DRAFT_DEFAULT_PRECISION, ModelSpec
+from .config import CPU_DEFAULT_PRECISION, LLAMACPP_TARGET_PRECISION, CUDA_DEFAULT_PRECISION, DEMO_TARGET, DRAFT_DEFAULT_PRECISION, ModelSpec
 from .errors import ModelLoadError, OutOfMemoryError
 from .paths import cache_dir
+from .runtime import ModelRuntime
+from .runtime import llamacpp_library
+from .runtime.torch_eager import TorchRuntime
 
 ProgressCallback = Callable[[str, "float | None"], None]
 
@@ -59,22 +62,58 @@ READ_ERRORS = (OSError, ValueError, KeyError, struct.error, SafetensorError, Imp
 
 @dataclass
 class LoadedModel:
-    """A model ready to run, with the tokenizer and settings it was loaded with."""
+    """A model ready to run, with the tokenizer and settings it was loaded with.
 
-    model: PreTrainedModel
+    `open_runtime()` gives a fresh cache over the loaded weights: a torch runtime over
+    `model`, or whatever `runtime_factory` makes (llama.cpp, where `model` is None).
+    """
+
+    model: PreTrainedModel | None
     tokenizer: Any
     device: torch.device
-    dtype: torch.dtype
+    dtype: torch.dtype | None
     precision: str
     label: str
     context_length: int
     folder: Path | None = None  # where its files are, for companions such as an n-gram table
+    runtime: str = "torch"
+    runtime_factory: Callable[[], ModelRuntime] | None = None
+    extra_stop_ids: frozenset[int] = frozenset()  # end-of-turn ids the weights' own metadata names
+    release: Callable[[], None] | None = None  # frees what the garbage collector cannot see
+
+    def open_runtime(self) -> ModelRuntime:
+        if self.runtime_factory is not None:
+            return self.runtime_factory()
+        return TorchRuntime(self.model, self.device)
+
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        ids: set[int] = set(self.extra_stop_ids)
+        sources = (self.model.generation_config, self.model.config) if self.model is not None else ()
+        for source in (*sources, self.tokenizer):
+            eos = getattr(source, "eos_token_id", None)
+            if isinstance(eos, int):
+                ids.add(eos)
+            elif isinstance(eos, (list, tuple)):
+                ids.update(int(i) for i in eos)
+        return frozenset(ids)
+
+    def close(self) -> None:
+        if self.release is not None:
+            self.release()
+            self.release = None
 
 
-def load_model(spec: ModelSpec, progress: ProgressCallback | None = None, as_draft: bool = False) -> LoadedModel:
-    """Load the model `spec` describes, converting or finding its files first as needed.
-    `as_draft` only changes what precision "auto" means."""
+def load_model(
+    spec: ModelSpec, progress: ProgressCallback | None = None, as_draft: bool = False, runtime: str = "auto"
+) -> LoadedModel:
+    """Load the model `spec` describes, converting or finding its files first as needed, on
+    the runtime `runtime` asks for ("auto": llama.cpp where the model has a GGUF file and
+    llama-cpp-python is installed). `as_draft` only changes what precision "auto" means."""
     report = progress or _ignore_progress
+    gguf = runtime_gguf(spec, runtime)
+    if gguf is not None:
+        return _load_with_llamacpp(spec, gguf, report, as_draft)
     device = resolve_device(spec.device)
     precision = resolve_precision(spec.precision, device, as_draft)
     folder = resolve_source(spec, report)
@@ -91,6 +130,81 @@ def load_model(spec: ModelSpec, progress: ProgressCallback | None = None, as_dra
         label=source_label(spec),
         context_length=_context_length(model.config),
     )
+
+
+def runtime_gguf(spec: ModelSpec, runtime: str) -> Path | None:
+    """The GGUF file llama.cpp should run for `spec`, or None when torch runs it."""
+    if runtime == "torch":
+        return None
+    gguf = _gguf_path(spec)
+    if gguf is None:
+        folder = Path(spec.source).expanduser()
+        gguf = _exported_gguf(folder) if folder.is_dir() else None
+    if runtime == "llama.cpp":
+        if gguf is None:
+            raise ModelLoadError(
+                f"{spec.source} has no GGUF file for the llama.cpp runtime. "
+                f"Export one with: tandem export-gguf {spec.source}"
+            )
+        llamacpp_library.library()  # a clear error now if the library is missing or too old
+        return gguf
+    return gguf if gguf is not None and llamacpp_library.available() else None
+
+
+def _exported_gguf(folder: Path) -> Path | None:
+    """The GGUF export beside a Hugging Face folder's weights (`tandem export-gguf`)."""
+    found = sorted(folder.glob("*.gguf"))
+    return found[0] if found else None
+
+
+def _load_with_llamacpp(spec: ModelSpec, gguf: Path, report: ProgressCallback, as_draft: bool) -> LoadedModel:
+    from .runtime.llamacpp import LlamaCppRuntime, load_weights
+
+    original = gguf
+    precision = spec.precision
+    if precision == "auto":
+        precision = "stored" if as_draft else LLAMACPP_TARGET_PRECISION
+    if precision in llamacpp_library.QUANTISED_FILE_TYPES:
+        report(f"Converting {gguf.name} to {llamacpp_library.QUANTISED_FILE_TYPES[precision][1]} (first use only)…", None)
+        gguf = llamacpp_library.quantised_copy(gguf, precision)
+    folder = None if _gguf_path(spec) is not None else Path(spec.source).expanduser()
+    tokenizer = _load_tokenizer(folder) if folder is not None else _gguf_tokenizer(original)
+    report("Loading weights (llama.cpp)…", None)
+    weights = load_weights(gguf, use_gpu=spec.device != "cpu")  # offloads only where the build can
+    context_length = min(weights.context_length or FALLBACK_CONTEXT_LENGTH, MAX_CONTEXT_LENGTH)
+    return LoadedModel(
+        model=None,
+        tokenizer=tokenizer,
+        device=torch.device("cpu"),  # logits arrive in host memory, wherever llama.cpp ran
+        dtype=None,
+        precision=weights.file_type,
+        label=source_label(spec),
+        context_length=context_length,
+        folder=folder,
+        runtime="llama.cpp" + (" (GPU)" if weights.gpu_layers else ""),
+        runtime_factory=lambda: LlamaCppRuntime(weights, context_length),
+        extra_stop_ids=weights.eos_token_ids,
+        release=weights.close,
+    )
+
+
+def _gguf_tokenizer(gguf: Path) -> Any:
+    """The tokenizer stored in a GGUF file, read once (~4 s) and cached as a Hugging Face
+    tokenizer folder (well under a second), keyed by the file and the transformers version
+    that read it: a converter that changes its mind gets a fresh cache."""
+    import transformers
+
+    folder = _converted_folder(gguf)
+    if folder.is_dir():
+        return _load_tokenizer(folder)
+    stat = gguf.stat()
+    key = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    cached = cache_dir() / "tokenizers" / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    if cached.is_dir():
+        return _load_tokenizer(cached)
+    tokenizer = _read_gguf_tokenizer(gguf)
+    _write_atomically(cached, tokenizer.save_pretrained)
+    return tokenizer
 
 
 def load_tokenizer_only(spec: ModelSpec) -> Any:

@@ -28,7 +28,6 @@ from .drafters.ngram import NgramDrafter
 from .drafters.tree_drafter import TreeDrafter, TreeShape
 from .errors import OutOfMemoryError
 from .events import Event, Finished, PromptPrepared, Provenance, StatsUpdate, TextDelta
-from .kv import CachedModel
 from .models import LoadedModel, load_model
 from .sampling import Sampler
 from .stats import GenerationStats
@@ -49,17 +48,17 @@ class LoadedPair:
         self.config = config
         self.target = target
         self.draft = draft
-        self.target_runner = CachedModel(target.model, target.device)
+        self.target_runner = target.open_runtime()
         self.tokenizer = target.tokenizer
-        self.vocab_size = target.model.get_output_embeddings().weight.shape[0]
+        self.vocab_size = self.target_runner.vocab_size
         self.ngram_model = BackoffNgram(self.vocab_size, _background_table(draft))
         self.tree_drafters: dict[str, TreeDrafter] = {}
-        trees_fit = draft is not None and _keeps_every_position(target.model) and _keeps_every_position(draft.model)
-        if draft is not None:
+        self.draft_runner = draft.open_runtime() if draft is not None else None
+        if self.draft_runner is not None:
             # One draft cache serves every method: each round starts by syncing it with the context.
-            draft_runner = CachedModel(draft.model, draft.device)
+            draft_runner = self.draft_runner
             self.drafter: Drafter = ModelDrafter(draft_runner, self.vocab_size)
-            if trees_fit:
+            if self.target_runner.supports_trees and draft_runner.supports_trees:
                 self.tree_drafters = {
                     "tree": TreeDrafter(draft_runner, self.vocab_size),
                     "staged": TreeDrafter(draft_runner, self.vocab_size, second_stage=self.ngram_model),
@@ -69,7 +68,7 @@ class LoadedPair:
         # Automatic tree shapes keep what they learnt (costs, acceptance per depth) across replies.
         self.auto_tree_shapes = {method: AutoTreeShape() for method in self.tree_drafters}
         self.context_length = min(target.context_length, draft.context_length if draft else target.context_length)
-        self.stop_token_ids = _stop_token_ids(target)
+        self.stop_token_ids = target.stop_token_ids
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -86,10 +85,18 @@ class LoadedPair:
             "target": self.target.label,
             "draft": self.draft.label if self.draft else self.drafter.name,
             "device": str(self.target.device),
+            "runtime": self.runtime_label,
             "precision": self.target.precision,
             "context_length": self.context_length,
             "memory_mb": memory_in_use_mb(self.target.device),
         }
+
+    @property
+    def runtime_label(self) -> str:
+        """Which runtime runs the pair, e.g. "llama.cpp" or "llama.cpp + torch (draft)"."""
+        if self.draft is None or self.draft.runtime == self.target.runtime:
+            return self.target.runtime
+        return f"{self.target.runtime} + {self.draft.runtime} (draft)"
 
     def drafter_for(self, method: str) -> Drafter:
         if method == "ar":
@@ -133,6 +140,12 @@ class LoadedPair:
     def close(self) -> None:
         """Drop the models so their memory can be reclaimed."""
         self.reset_caches()
+        for runner in (self.target_runner, self.draft_runner):
+            if runner is not None:
+                runner.close()
+        for model in (self.target, self.draft):
+            if model is not None:
+                model.close()
         self.target = self.draft = None  # type: ignore[assignment]
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -253,15 +266,6 @@ def _count_round(stats: GenerationStats, outcome: RoundOutcome) -> None:
         stats.record_round(outcome.proposed, outcome.accepted)
 
 
-def _keeps_every_position(model: torch.nn.Module) -> bool:
-    """Tree compaction moves cache entries by slot, which assumes slot = position: true for
-    full attention, not for sliding-window layers (which drop old positions)."""
-    config = model.config
-    windowed = getattr(config, "use_sliding_window", True) and getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None) or []
-    return not windowed and all(kind == "full_attention" for kind in layer_types)
-
-
 def _background_table(draft: LoadedModel | None) -> NgramCounts | None:
     """The n-gram table shipped in the draft's folder, if there is one."""
     folder = getattr(draft, "folder", None) if draft is not None else None
@@ -279,17 +283,6 @@ def _generator(seed: int | None) -> torch.Generator:
     return generator
 
 
-def _stop_token_ids(model: LoadedModel) -> frozenset[int]:
-    ids: set[int] = set()
-    for source in (model.model.generation_config, model.model.config, model.tokenizer):
-        eos = getattr(source, "eos_token_id", None)
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif isinstance(eos, (list, tuple)):
-            ids.update(int(i) for i in eos)
-    return frozenset(ids)
-
-
 def memory_in_use_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.memory_allocated(device) / 2**20
@@ -300,11 +293,11 @@ def load_pair(config: PairConfig, progress: ProgressCallback | None = None) -> L
     """Load the target and the draft of `config`, and check that they can work together."""
     report = progress or (lambda message, fraction: None)
     report(f"Loading target {config.target.source}…", None)
-    target = load_model(config.target, progress)
+    target = load_model(config.target, progress, runtime=config.runtime)
     draft = None
     if config.draft is not None:
         report(f"Loading draft {config.draft.source}…", None)
-        draft = load_model(config.draft, progress, as_draft=True)
+        draft = load_model(config.draft, progress, as_draft=True, runtime=config.runtime)
         check_pair_compatible(target.tokenizer, draft.tokenizer)
     pair = LoadedPair(config, target, draft)
     if pair.auto_tree_shapes:

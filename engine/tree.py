@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .kv import CachedModel
+from .runtime import ModelRuntime
 from .sampling import Sampler
 
 
@@ -74,7 +74,7 @@ class TokenTree:
         return seen
 
 
-def forward_tree(model: CachedModel, context: list[int], tree: TokenTree) -> torch.Tensor:
+def forward_tree(model: ModelRuntime, context: list[int], tree: TokenTree) -> torch.Tensor:
     """Run the tree through `model` after `context` (whose last token is the root) in one
     forward: (N, V) logits, row i giving the next-token distribution after node i.
 
@@ -87,26 +87,13 @@ def forward_tree(model: CachedModel, context: list[int], tree: TokenTree) -> tor
         raise ValueError("the tree's root must be the context's last token")
     pending = model.pending(context)  # at least the root
     past = len(model)
-    drafted = tree.drafted
-    width = len(pending) + drafted
-    allowed = torch.zeros(width, past + width, dtype=torch.bool)
-    allowed[:, :past] = True
-    allowed[:, past : past + len(pending)] = _pending_block(len(pending), width)
-    if drafted:
-        allowed[len(pending) :, past + len(pending) :] = tree.ancestry()[1:, 1:]
-    positions = list(range(past, past + len(pending))) + [len(context) - 1 + d for d in tree.depths[1:]]
-    return model.forward_masked(pending + tree.tokens[1:], positions, allowed, logits_wanted=len(tree))
+    root_slot = len(context) - 1
+    parents = list(range(past - 1, past - 1 + len(pending)))  # the pending context: a chain
+    parents += [root_slot + tree.parents[node] for node in range(1, len(tree))]
+    return model.forward_tree(pending + tree.tokens[1:], parents, logits_wanted=len(tree))
 
 
-def _pending_block(pending: int, width: int) -> torch.Tensor:
-    """Which pending tokens each of `width` new tokens sees: causal among the pending ones,
-    all of them for the drafted nodes that follow."""
-    block = torch.ones(width, pending, dtype=torch.bool)
-    block[:pending] = torch.ones(pending, pending, dtype=torch.bool).tril()
-    return block
-
-
-def keep_path(model: CachedModel, context_length: int, path: list[int]) -> None:
+def keep_path(model: ModelRuntime, context_length: int, path: list[int]) -> None:
     """After `forward_tree`, keep the cache entries of the accepted `path` and drop the rest."""
     model.keep_slots(context_length, [context_length - 1 + node for node in path])
 

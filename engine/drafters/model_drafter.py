@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kv import CachedModel
+from ..runtime import ModelRuntime
 from ..sampling import Sampler
 from .base import DraftProposal, Drafter
 
@@ -11,7 +11,7 @@ from .base import DraftProposal, Drafter
 class ModelDrafter(Drafter):
     name = "draft model"
 
-    def __init__(self, draft: CachedModel, target_vocab_size: int):
+    def __init__(self, draft: ModelRuntime, target_vocab_size: int):
         self.draft = draft
         # Embedding tables are often padded past the tokenizer; verification works on the
         # target's vocabulary, so draft logits are cut or padded to its width.

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kv import CachedModel
+from ..runtime import ModelRuntime
 from ..tree import TokenTree
 from .backoff_ngram import BackoffNgram
 
@@ -56,7 +56,7 @@ class _Node:
 
 
 class TreeDrafter:
-    def __init__(self, draft: CachedModel, target_vocab_size: int, second_stage: BackoffNgram | None = None):
+    def __init__(self, draft: ModelRuntime, target_vocab_size: int, second_stage: BackoffNgram | None = None):
         self.draft = draft
         self.vocab_size = target_vocab_size
         self.second_stage = second_stage
@@ -128,18 +128,8 @@ class TreeDrafter:
         """One draft forward over `batch` (nodes of one depth whose ancestors the draft has
         run), each seeing the context, its ancestors and itself."""
         past = len(self.draft)
-        allowed = torch.zeros(len(batch), past + len(batch), dtype=torch.bool)
-        allowed[:, : len(context)] = True
-        for row, node in enumerate(batch):
-            ancestor = nodes[node].parent
-            while ancestor > 0:
-                allowed[row, slots[ancestor]] = True
-                ancestor = nodes[ancestor].parent
-            allowed[row, past + row] = True
-        positions = [len(context) - 1 + nodes[node].depth for node in batch]
-        logits = self._scores(
-            self.draft.forward_masked([nodes[n].token for n in batch], positions, allowed, len(batch))
-        )
+        parents = [slots[nodes[node].parent] for node in batch]
+        logits = self._scores(self.draft.forward_tree([nodes[n].token for n in batch], parents, len(batch)))
         for row, (node, offered) in enumerate(zip(batch, _top_children(logits, branching))):
             slots[node] = past + row
             children_of[node] = offered

@@ -66,7 +66,7 @@ def test_demo_conversion_is_cached_and_reused(demo_target_folder, demo_target_pa
     forbid_conversion(monkeypatch)
     steps: list[str] = []
 
-    loaded = load_model(ModelSpec(DEMO_TARGET, precision="fp32"), lambda message, fraction: steps.append(message))
+    loaded = load_model(ModelSpec(DEMO_TARGET, precision="fp32"), lambda message, fraction: steps.append(message), runtime="torch")
 
     assert steps == ["Loading weights…"]
     assert loaded.dtype == torch.float32
@@ -119,7 +119,7 @@ def test_corrupt_gguf_is_reported_and_leaves_no_cache(tmp_path):
     corrupt.write_bytes(os.urandom(4096))
 
     with pytest.raises(ModelLoadError, match="x.gguf") as caught:
-        load_model(ModelSpec(str(corrupt)))
+        load_model(ModelSpec(str(corrupt)), runtime="torch")
 
     assert "GGUF magic" in str(caught.value)
     assert caught.value.__cause__ is not None

@@ -15,7 +15,7 @@ from engine.decoding import speculative_round, tree_round
 from engine.drafters.backoff_ngram import BackoffNgram
 from engine.drafters.base import NoDrafter
 from engine.drafters.tree_drafter import TreeDrafter, TreeShape
-from engine.kv import CachedModel
+from engine.runtime import ModelRuntime
 from engine.sampling import Sampler
 from engine.tree import TokenTree, TreeVerdict, forward_tree, keep_path, verify_tree_greedy
 from engine.tree_shape import AutoTreeShape, FixedTreeShape
@@ -132,7 +132,7 @@ def test_greedy_verification_follows_a_planted_branch_through_random_trees(seed)
     assert verdict.next_token == truth[len(verdict.path)]
 
 
-def assert_cache_matches_fresh(model, runner: CachedModel):
+def assert_cache_matches_fresh(model, runner: ModelRuntime):
     """Every cached key and value equals those of a fresh forward over the cached ids."""
     if not runner.cached_ids:  # a draft that has only sat out plain rounds so far
         return

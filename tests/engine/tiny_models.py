@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from engine.kv import CachedModel
+from engine.runtime.torch_eager import TorchRuntime
 
 
 def tiny_llama(seed: int, vocab_size: int = 64, layers: int = 2, hidden: int = 32) -> LlamaForCausalLM:
@@ -27,5 +27,5 @@ def tiny_llama(seed: int, vocab_size: int = 64, layers: int = 2, hidden: int = 3
     return model
 
 
-def cached(model) -> CachedModel:
-    return CachedModel(model, torch.device("cpu"))
+def cached(model) -> TorchRuntime:
+    return TorchRuntime(model, torch.device("cpu"))

@@ -1,0 +1,261 @@
+"""The llama.cpp runtime: a GGUF model run by llama.cpp's own kernels (llama-cpp-python's
+low-level API), behind the same contract as the torch runtime.
+
+A token tree runs in ONE `llama_decode`: every root-to-leaf path is a llama.cpp sequence,
+and each tree token carries the ids of every sequence that passes through it. The
+committed context is sequence 0. The KV cache is unified, so a token shared by several
+sequences is stored once. Keeping the accepted path makes its sequence's tokens part of
+sequence 0 and removes every other sequence, which frees the rejected branches' cells; a
+chain rolls back with one `seq_rm`.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import ModelLoadError, OutOfMemoryError
+from .base import ModelRuntime
+from .llamacpp_library import library, recent_errors
+
+COMMITTED = 0  # the sequence that holds the committed context
+# Sequences a context can hold at once: the committed one plus one per tree leaf. Trees
+# are at most 128 drafted nodes (config.DecodeSettings), so at most 128 leaves.
+SEQUENCES = 130
+BATCH_TOKENS = 512  # tokens per llama_decode call; a longer prompt is fed in pieces
+
+
+@dataclass
+class LlamaCppWeights:
+    """A loaded GGUF model: the weights every runtime (context) over it shares."""
+
+    handle: ctypes.c_void_p
+    path: Path
+    vocab_size: int
+    context_length: int
+    eos_token_ids: frozenset[int]
+    supports_trees: bool
+    gpu_layers: int
+    file_type: str  # e.g. "Q4_1", as llama.cpp describes the weights
+
+    def close(self) -> None:
+        if self.handle:
+            library().llama_model_free(self.handle)
+            self.handle = None
+
+
+def load_weights(path: Path, use_gpu: bool) -> LlamaCppWeights:
+    """Load `path` with llama.cpp; every failure is a `ModelLoadError` naming the file."""
+    llama_cpp = library()
+    if not path.is_file():
+        raise ModelLoadError(f"Model file not found: {path}")
+    params = llama_cpp.llama_model_default_params()
+    params.n_gpu_layers = -1 if use_gpu and llama_cpp.llama_supports_gpu_offload() else 0
+    if "amx_int8" in _cpu_flags():
+        # llama.cpp repacks weights for its AMX kernels on such CPUs, and its first decode
+        # then segfaults (llama-cpp-python 0.3.36; upstream ggml-org/llama.cpp#20824).
+        params.use_extra_bufts = False
+    recent_errors()  # forget older messages
+    handle = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    if not handle:
+        reason = recent_errors() or "llama.cpp could not load it"
+        raise ModelLoadError(f"Could not load the GGUF file {path} with llama.cpp: {reason}")
+    description = ctypes.create_string_buffer(256)
+    llama_cpp.llama_model_desc(handle, description, len(description))
+    vocab = llama_cpp.llama_model_get_vocab(handle)
+    stop_ids = {llama_cpp.llama_vocab_eos(vocab), llama_cpp.llama_vocab_eot(vocab)}
+    return LlamaCppWeights(
+        handle=handle,
+        path=path,
+        vocab_size=llama_cpp.llama_vocab_n_tokens(vocab),
+        context_length=llama_cpp.llama_model_n_ctx_train(handle),
+        eos_token_ids=frozenset(token for token in stop_ids if token >= 0),
+        # A sliding window drops old positions by itself; a kept path would not survive it.
+        supports_trees=llama_cpp.llama_model_n_swa(handle) == 0,
+        gpu_layers=params.n_gpu_layers,
+        file_type=description.value.decode(errors="replace").rsplit(" ", 1)[-1],
+    )
+
+
+class LlamaCppRuntime(ModelRuntime):
+    name = "llama.cpp"
+
+    def __init__(self, weights: LlamaCppWeights, context_length: int, threads: int | None = None, hidden_states: bool = False):
+        super().__init__(weights.vocab_size)
+        self._llama = library()
+        self.weights = weights
+        self.supports_trees = weights.supports_trees
+        params = self._llama.llama_context_default_params()
+        params.n_ctx = context_length
+        params.n_batch = params.n_ubatch = BATCH_TOKENS
+        params.n_seq_max = SEQUENCES
+        params.kv_unified = True  # tree tokens are shared by several sequences
+        params.n_threads = params.n_threads_batch = threads or _physical_cores()
+        params.no_perf = True
+        # With embeddings on and no pooling, each decode also returns every output token's
+        # final-norm hidden state beside its logits (what learned verifier heads read).
+        params.embeddings = hidden_states
+        params.pooling_type = 0  # LLAMA_POOLING_TYPE_NONE
+        self._hidden_width = self._llama.llama_model_n_embd(weights.handle) if hidden_states else 0
+        self._hidden: np.ndarray | None = None
+        self._context = self._llama.llama_init_from_model(weights.handle, params)
+        if not self._context:
+            reason = recent_errors() or "out of memory?"
+            raise OutOfMemoryError(f"llama.cpp could not make a context of {context_length} tokens for {weights.path}: {reason}")
+        self._memory = self._llama.llama_get_memory(self._context)
+        self._batch = self._llama.llama_batch_init(BATCH_TOKENS, 0, SEQUENCES)
+        self._slot_sequence: list[int] = []  # slot -> a sequence that holds its whole path
+        self._sequence_tip: dict[int, int] = {}  # sequence -> its deepest slot
+        self._free_sequences = list(range(SEQUENCES - 1, COMMITTED, -1))
+
+    def close(self) -> None:
+        if self._context:
+            self._llama.llama_batch_free(self._batch)
+            self._llama.llama_free(self._context)
+            self._context = None
+
+    def __del__(self):
+        self.close()
+
+    # The contract
+
+    def _run_chain(self, new_ids: list[int], logits_wanted: int) -> torch.Tensor:
+        start = len(self)
+        return self._run_tree(new_ids, list(range(start - 1, start - 1 + len(new_ids))), list(range(start, start + len(new_ids))), logits_wanted)
+
+    def _run_tree(self, new_ids: list[int], parents: list[int], positions: list[int], logits_wanted: int) -> torch.Tensor:
+        sequences = self._assign_sequences(parents)
+        logits = np.empty((logits_wanted, self.vocab_size), dtype=np.float32)
+        hidden = np.empty((logits_wanted, self._hidden_width), dtype=np.float32) if self._hidden_width else None
+        first_wanted = len(new_ids) - logits_wanted
+        filled = 0
+        for begin in range(0, len(new_ids), BATCH_TOKENS):
+            end = min(begin + BATCH_TOKENS, len(new_ids))
+            outputs = self._fill_batch(new_ids, positions, sequences, begin, end, first_wanted)
+            status = self._llama.llama_decode(self._context, self._batch)
+            if status != 0:
+                raise self._decode_error(status)
+            # By batch row: with embeddings on, llama.cpp outputs every token, not only the
+            # ones asked for. Rows are copied: llama.cpp reuses its buffers.
+            for row in range(end - begin - outputs, end - begin):
+                row_logits = self._llama.llama_get_logits_ith(self._context, row)
+                logits[filled] = np.ctypeslib.as_array(row_logits, shape=(self.vocab_size,))
+                if hidden is not None:
+                    row_hidden = self._llama.llama_get_embeddings_ith(self._context, row)
+                    hidden[filled] = np.ctypeslib.as_array(row_hidden, shape=(self._hidden_width,))
+                filled += 1
+        self._hidden = hidden
+        return torch.from_numpy(logits)
+
+    def last_hidden_states(self) -> torch.Tensor:
+        """The final-norm hidden states of the last forward's output tokens, (N, D); only
+        for a runtime made with `hidden_states=True`."""
+        if self._hidden is None:
+            raise ValueError("this runtime was made without hidden states")
+        return torch.from_numpy(self._hidden)
+
+    def _keep(self, prefix: int, extra_slots: list[int]) -> None:
+        llama, memory = self._llama, self._memory
+        end = prefix + len(extra_slots)
+        path_sequence = self._slot_sequence[extra_slots[-1]] if extra_slots else COMMITTED
+        if path_sequence == COMMITTED:
+            llama.llama_memory_seq_rm(memory, COMMITTED, end, -1)
+        else:
+            llama.llama_memory_seq_rm(memory, COMMITTED, prefix, -1)
+            llama.llama_memory_seq_cp(memory, path_sequence, COMMITTED, prefix, end)
+        for sequence in list(self._sequence_tip):
+            if sequence != COMMITTED:
+                llama.llama_memory_seq_rm(memory, sequence, -1, -1)  # frees cells no sequence holds
+        self._reset_sequences(end)
+
+    def _clear(self) -> None:
+        self._llama.llama_memory_clear(self._memory, True)
+        self._reset_sequences(0)
+
+    # Sequences
+
+    def _assign_sequences(self, parents: list[int]) -> list[list[int]]:
+        """For each new token, the sequences it belongs to, its own path's first (llama.cpp
+        masks a token's attention by its first sequence). A token that continues its
+        parent's sequence joins it; a branch gets a fresh sequence that every ancestor joins:
+        new ones through the batch, cached ones by `seq_cp`."""
+        start = len(self)
+        sequences: list[list[int]] = []
+        own: list[int] = []
+        for index, parent in enumerate(parents):
+            slot = start + index
+            parent_sequence = COMMITTED if parent < 0 else (own[parent - start] if parent >= start else self._slot_sequence[parent])
+            if parent < 0 or self._sequence_tip.get(parent_sequence) == parent:
+                sequence = parent_sequence
+            else:
+                sequence = self._fresh_sequence()
+                ancestor = parent
+                while ancestor >= start:
+                    sequences[ancestor - start].append(sequence)
+                    ancestor = parents[ancestor - start]
+                if ancestor >= 0:
+                    position = self.slot_positions[ancestor]
+                    self._llama.llama_memory_seq_cp(self._memory, self._slot_sequence[ancestor], sequence, -1, position + 1)
+            self._sequence_tip[sequence] = slot
+            own.append(sequence)
+            sequences.append([sequence])
+        self._slot_sequence.extend(own)
+        return sequences
+
+    def _fresh_sequence(self) -> int:
+        if not self._free_sequences:
+            raise ValueError(f"a token tree with more than {SEQUENCES - 1} leaves does not fit one llama.cpp context")
+        sequence = self._free_sequences.pop()
+        self._llama.llama_memory_seq_rm(self._memory, sequence, -1, -1)
+        return sequence
+
+    def _reset_sequences(self, length: int) -> None:
+        self._slot_sequence = [COMMITTED] * length
+        self._sequence_tip = {COMMITTED: length - 1} if length else {}
+        self._free_sequences = list(range(SEQUENCES - 1, COMMITTED, -1))
+
+    # The batch
+
+    def _fill_batch(self, ids, positions, sequences, begin: int, end: int, first_wanted: int) -> int:
+        batch = self._batch
+        outputs = 0
+        for row, index in enumerate(range(begin, end)):
+            batch.token[row] = ids[index]
+            batch.pos[row] = positions[index]
+            token_sequences = sequences[index]
+            batch.n_seq_id[row] = len(token_sequences)
+            seq_ids = batch.seq_id[row]
+            for column, sequence in enumerate(token_sequences):
+                seq_ids[column] = sequence
+            wanted = index >= first_wanted
+            batch.logits[row] = wanted
+            outputs += wanted
+        batch.n_tokens = end - begin
+        return outputs
+
+    def _decode_error(self, status: int) -> Exception:
+        self.reset()
+        reason = recent_errors()
+        if status == 1:
+            return OutOfMemoryError(f"llama.cpp found no room in its KV cache for {self.weights.path.name}. {reason}".strip())
+        return ModelLoadError(f"llama.cpp failed to run {self.weights.path.name} (llama_decode returned {status}). {reason}".strip())
+
+
+def _physical_cores() -> int:
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()

@@ -1,0 +1,126 @@
+"""llama-cpp-python's low-level API as Tandem uses it: the import, a version check, the
+library's log turned into error messages, and re-quantising a GGUF file.
+
+Only this module and `llamacpp.py` import `llama_cpp`. The library compiles from source on
+most machines, so its absence is an ordinary situation: `available()` says whether it is
+there, and anything that needs it raises a `ModelLoadError` that says how to install it.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import tempfile
+import threading
+from collections import deque
+from pathlib import Path
+
+from ..errors import ModelLoadError
+from ..paths import cache_dir
+
+TESTED_VERSION = "0.3.36"
+# What the runtime calls; a build that lacks any of them cannot run trees or roll back.
+NEEDED_SYMBOLS = (
+    "llama_backend_init", "llama_model_load_from_file", "llama_model_free", "llama_init_from_model",
+    "llama_free", "llama_get_memory", "llama_memory_seq_rm", "llama_memory_seq_cp", "llama_memory_clear",
+    "llama_batch_init", "llama_batch_free", "llama_decode", "llama_get_logits", "llama_model_get_vocab",
+    "llama_vocab_n_tokens", "llama_model_n_ctx_train", "llama_model_quantize", "llama_log_set",
+)
+NEEDED_CONTEXT_FIELDS = ("n_seq_max", "kv_unified", "n_threads", "n_threads_batch", "embeddings")
+INSTALL_HINT = f"pip install llama-cpp-python=={TESTED_VERSION} (it compiles, about 5 minutes)"
+
+# llama.cpp's file types for `llama_model_quantize`, by Tandem's precision names.
+QUANTISED_FILE_TYPES = {"int8": (7, "Q8_0"), "fp16": (1, "F16"), "bf16": (32, "BF16"), "fp32": (0, "F32")}
+
+_KEPT_LOG_LEVELS = (3, 4)  # ggml's WARN and ERROR; DEBUG, INFO and continuations are dropped
+_recent_log: deque[str] = deque(maxlen=40)
+_log_lock = threading.Lock()
+_log_callback = None  # kept referenced: llama.cpp calls it for as long as the process lives
+_backend_ready = False
+
+
+def available() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("llama-cpp-python")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def library():
+    """The `llama_cpp` module, checked for what Tandem needs, with its log captured."""
+    global _backend_ready
+    if not available():
+        raise ModelLoadError(f"The llama.cpp runtime needs llama-cpp-python: {INSTALL_HINT}.")
+    import llama_cpp
+
+    missing = [name for name in NEEDED_SYMBOLS if not hasattr(llama_cpp, name)]
+    fields = {name for name, _ in llama_cpp.llama_context_params._fields_}
+    missing += [f"llama_context_params.{name}" for name in NEEDED_CONTEXT_FIELDS if name not in fields]
+    if missing:
+        raise ModelLoadError(
+            f"llama-cpp-python {version()} lacks {', '.join(missing)}, which Tandem's llama.cpp runtime "
+            f"needs (tested with {TESTED_VERSION}): {INSTALL_HINT}."
+        )
+    if not _backend_ready:
+        _capture_log(llama_cpp)
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+    return llama_cpp
+
+
+def recent_errors() -> str:
+    """The library's last warnings and errors, for an error message ('' when there were none)."""
+    with _log_lock:
+        lines = [line.strip() for line in _recent_log if line.strip()]
+        _recent_log.clear()
+    return " ".join(lines[-4:])
+
+
+def _capture_log(llama_cpp) -> None:
+    """Keep llama.cpp's warnings and errors for error messages, instead of the pages of
+    loading details it prints to the terminal by default."""
+    global _log_callback
+
+    @llama_cpp.llama_log_callback
+    def keep(level, text, user_data):
+        if level not in _KEPT_LOG_LEVELS:
+            return
+        with _log_lock:
+            _recent_log.append(text.decode("utf-8", errors="replace"))
+
+    _log_callback = keep
+    llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+
+
+def quantised_copy(gguf: Path, precision: str) -> Path:
+    """`gguf` re-quantised to `precision` (int8 = Q8_0, fp16, bf16, fp32), made once into the
+    cache folder (seconds for a small model) and reused after that."""
+    llama_cpp = library()
+    file_type, type_name = QUANTISED_FILE_TYPES[precision]
+    stat = gguf.stat()
+    key = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{version()}"
+    destination = cache_dir() / "models" / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.{type_name}.gguf"
+    if destination.is_file():
+        return destination
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    handle, partial = tempfile.mkstemp(prefix=f".{destination.name}.partial-", dir=destination.parent)
+    os.close(handle)
+    try:
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = file_type
+        params.allow_requantize = True
+        params.nthread = os.cpu_count() or 1
+        failed = llama_cpp.llama_model_quantize(str(gguf).encode(), partial.encode(), ctypes.byref(params))
+        if failed:
+            raise ModelLoadError(f"Could not convert {gguf} to {type_name}: {recent_errors() or 'llama.cpp failed'}")
+        os.replace(partial, destination)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+    return destination

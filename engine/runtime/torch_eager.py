@@ -1,0 +1,92 @@
+"""The torch runtime: a transformers model and its `DynamicCache`, one eager forward a call.
+
+Trees run as one forward with a 4D additive attention mask and explicit positions; a kept
+path is compacted in place by gathering its keys and values to the front.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from .base import ModelRuntime
+
+
+def keeps_every_position(model: torch.nn.Module) -> bool:
+    """Tree compaction moves cache entries by slot, which assumes slot = position: true for
+    full attention, not for sliding-window layers (which drop old positions)."""
+    config = model.config
+    windowed = getattr(config, "use_sliding_window", True) and getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or []
+    return not windowed and all(kind == "full_attention" for kind in layer_types)
+
+
+class TorchRuntime(ModelRuntime):
+    name = "torch"
+
+    def __init__(self, model: torch.nn.Module, device: torch.device):
+        super().__init__(model.get_output_embeddings().weight.shape[0])
+        self.model = model
+        self.device = device
+        self.supports_trees = keeps_every_position(model)
+        self.cache = DynamicCache(config=model.config)
+
+    def _run_chain(self, new_ids: list[int], logits_wanted: int) -> torch.Tensor:
+        start = len(self)
+        output = self._call(
+            input_ids=torch.tensor([new_ids], device=self.device),  # (1, T)
+            position_ids=torch.arange(start, start + len(new_ids), device=self.device)[None],  # (1, T)
+            logits_to_keep=logits_wanted,
+        )
+        return output.logits[0].float()  # (logits_wanted, V)
+
+    def _run_tree(self, new_ids: list[int], parents: list[int], positions: list[int], logits_wanted: int) -> torch.Tensor:
+        past, width = len(self), len(new_ids)
+        allowed = torch.zeros(width, past + width, dtype=torch.bool)  # (T, past + T)
+        # New tokens that just continue the cached chain (a prompt before its tree) see
+        # everything before them: one triangle instead of a row each.
+        lead = 0
+        if self.chain_length == past:
+            while lead < width and parents[lead] == past - 1 + lead:
+                lead += 1
+        allowed[:lead, : past + lead] = torch.ones(lead, past + lead, dtype=torch.bool).tril(past)
+        for row, parent in enumerate(parents[lead:], start=lead):
+            if parent >= past:
+                allowed[row] = allowed[parent - past]
+            elif parent >= 0:
+                last_chain_slot, branch = self.ancestors(parent)
+                allowed[row, : last_chain_slot + 1] = True
+                allowed[row, branch] = True
+            allowed[row, past + row] = True
+        dtype = self.model.dtype if self.model.dtype.is_floating_point else torch.float32
+        # Additive mask, (1, 1, T, past + T): 0 where allowed, the dtype's most negative
+        # value elsewhere (not -inf, which turns a fully masked row into NaN).
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
+        mask.masked_fill_(~allowed.to(self.device), torch.finfo(dtype).min)
+        output = self._call(
+            input_ids=torch.tensor([new_ids], device=self.device),
+            position_ids=torch.tensor([positions], device=self.device),
+            attention_mask=mask[None, None],
+            logits_to_keep=logits_wanted,
+        )
+        return output.logits[0].float()
+
+    def _call(self, **inputs):
+        with torch.inference_mode():
+            return self.model(**inputs, past_key_values=self.cache, use_cache=True)
+
+    def _keep(self, prefix: int, extra_slots: list[int]) -> None:
+        moved = [(slot, prefix + offset) for offset, slot in enumerate(extra_slots) if slot != prefix + offset]
+        if moved:
+            source = torch.tensor([slot for slot, _ in moved], device=self.device)
+            destination = torch.tensor([to for _, to in moved], device=self.device)
+            with torch.inference_mode():  # the cache tensors are inference tensors
+                for layer in self.cache.layers:
+                    # The right-hand side is gathered before the write, so overlaps are safe.
+                    layer.keys[..., destination, :] = layer.keys[..., source, :]
+                    layer.values[..., destination, :] = layer.values[..., source, :]
+        surplus = len(self) - (prefix + len(extra_slots))
+        if surplus > 0:
+            self.cache.crop(-surplus)  # transformers 5: a negative count of tokens to drop
+
+    def _clear(self) -> None:
+        self.cache = DynamicCache(config=self.model.config)
