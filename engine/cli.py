@@ -13,6 +13,7 @@ from .config import DEVICES, METHODS, PRECISIONS, RUNTIMES, VERIFIERS, ConfigErr
 from .distill.command import add_distill_command
 from .drafters.ngram_table import add_ngram_table_command
 from .errors import TandemError
+from .gguf_export import add_export_gguf_command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
 
     add_distill_command(commands)
     add_ngram_table_command(commands)
+    add_export_gguf_command(commands)
     return parser
 
 

@@ -358,9 +358,13 @@ def _converted_gguf(gguf: Path, report: ProgressCallback, message: str) -> Path:
 
 
 def _converted_folder(gguf: Path) -> Path:
-    """Where the conversion of `gguf` is cached; a changed or moved file gets a new folder."""
+    """Where the conversion of `gguf` is cached; a changed or moved file gets a new folder,
+    and so does a new transformers version: one version's GGUF converter once named the demo
+    target's eos token wrongly, and its cached conversion outlived the upgrade that fixed it."""
+    import transformers
+
     stat = gguf.stat()
-    key = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    key = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
     short_hash = hashlib.sha256(key.encode()).hexdigest()[:12]
     return cache_dir() / "models" / f"{gguf.stem}-{short_hash}"
 

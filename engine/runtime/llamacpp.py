@@ -91,8 +91,12 @@ class LlamaCppRuntime(ModelRuntime):
         self.supports_trees = weights.supports_trees
         params = self._llama.llama_context_default_params()
         params.n_ctx = context_length
-        params.n_batch = params.n_ubatch = BATCH_TOKENS
+        # llama.cpp clamps a batch to the context and then refuses its own output buffer.
+        self._batch_tokens = min(BATCH_TOKENS, context_length)
+        params.n_batch = params.n_ubatch = self._batch_tokens
         params.n_seq_max = SEQUENCES
+        # llama.cpp reserves an output row per sequence at least, and asserts that fits.
+        params.n_outputs_max = max(self._batch_tokens, SEQUENCES)
         params.kv_unified = True  # tree tokens are shared by several sequences
         params.n_threads = params.n_threads_batch = threads or _physical_cores()
         params.no_perf = True
@@ -107,7 +111,7 @@ class LlamaCppRuntime(ModelRuntime):
             reason = recent_errors() or "out of memory?"
             raise OutOfMemoryError(f"llama.cpp could not make a context of {context_length} tokens for {weights.path}: {reason}")
         self._memory = self._llama.llama_get_memory(self._context)
-        self._batch = self._llama.llama_batch_init(BATCH_TOKENS, 0, SEQUENCES)
+        self._batch = self._llama.llama_batch_init(self._batch_tokens, 0, SEQUENCES)
         self._slot_sequence: list[int] = []  # slot -> a sequence that holds its whole path
         self._sequence_tip: dict[int, int] = {}  # sequence -> its deepest slot
         self._free_sequences = list(range(SEQUENCES - 1, COMMITTED, -1))
@@ -133,8 +137,8 @@ class LlamaCppRuntime(ModelRuntime):
         hidden = np.empty((logits_wanted, self._hidden_width), dtype=np.float32) if self._hidden_width else None
         first_wanted = len(new_ids) - logits_wanted
         filled = 0
-        for begin in range(0, len(new_ids), BATCH_TOKENS):
-            end = min(begin + BATCH_TOKENS, len(new_ids))
+        for begin in range(0, len(new_ids), self._batch_tokens):
+            end = min(begin + self._batch_tokens, len(new_ids))
             outputs = self._fill_batch(new_ids, positions, sequences, begin, end, first_wanted)
             status = self._llama.llama_decode(self._context, self._batch)
             if status != 0:

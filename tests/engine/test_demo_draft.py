@@ -29,7 +29,25 @@ def test_the_shipped_draft_is_small_enough_to_ship():
 
 def test_the_shipped_draft_loads_and_pairs_with_the_demo_target(demo_target_folder):
     assert demo_pair().draft.source == str(DEMO_DRAFT_FOLDER)
-    draft = load_model(ModelSpec(str(DEMO_DRAFT_FOLDER), precision="fp32", device="cpu"))
+    draft = load_model(ModelSpec(str(DEMO_DRAFT_FOLDER), precision="fp32", device="cpu"), runtime="torch")
     check_pair_compatible(load_tokenizer_only(ModelSpec(str(demo_target_folder))), draft.tokenizer)
     assert draft.model.config.vocab_size >= len(draft.tokenizer)
     assert NgramCounts.load(DEMO_DRAFT_FOLDER / TABLE_FILE).after, "the second-stage table is empty"
+
+
+def test_the_shipped_gguf_export_runs_on_llamacpp_like_the_safetensors():
+    import pytest
+    import torch
+
+    pytest.importorskip("llama_cpp")
+    assert "model.q8_0.gguf" in recorded_checksums()
+    on_llamacpp = load_model(ModelSpec(str(DEMO_DRAFT_FOLDER)), as_draft=True, runtime="llama.cpp")
+    on_torch = load_model(ModelSpec(str(DEMO_DRAFT_FOLDER), precision="fp32", device="cpu"), runtime="torch")
+    assert on_llamacpp.runtime == "llama.cpp"
+    ids = on_torch.tokenizer("The capital of France is Paris, and the capital of Italy is")["input_ids"]
+    llamacpp_logits = on_llamacpp.open_runtime().forward(ids, logits_wanted=len(ids))
+    torch_logits = on_torch.open_runtime().forward(ids, logits_wanted=len(ids))
+    # Q8_0 weights round a little; the draft's first choices must stay the same.
+    agree = (llamacpp_logits.argmax(-1) == torch_logits.argmax(-1)).float().mean()
+    assert agree >= 0.9, agree
+    on_llamacpp.close()

@@ -225,3 +225,13 @@ def test_int8_runs_on_cpu(tiny_model_folder):
         logits = loaded.model(torch.tensor([[1, 4, 5, 6]])).logits
     assert logits.shape == (1, 4, len(loaded.tokenizer))
     assert torch.isfinite(logits).all()
+
+
+def test_a_new_transformers_version_converts_the_gguf_afresh(demo_target_path, monkeypatch):
+    import transformers
+
+    from engine.models import _converted_folder
+
+    before = _converted_folder(demo_target_path)
+    monkeypatch.setattr(transformers, "__version__", "99.0.0")
+    assert _converted_folder(demo_target_path) != before
