@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models
-from transformers import PreTrainedTokenizerFast
 
 from engine.errors import ModelLoadError
 from engine.gguf_export import export_gguf
-from tests.engine.tiny_models import tiny_llama
+from tests.engine.tiny_models import tiny_gguf, tiny_llama
 
 VOCAB = 64
 
@@ -17,12 +15,7 @@ VOCAB = 64
 def tiny_folder(tmp_path):
     model = tiny_llama(seed=7, vocab_size=VOCAB)
     folder = tmp_path / "tiny"
-    model.save_pretrained(folder)
-    letters = [chr(ord("a") + i) for i in range(20)]
-    words = letters + [a + b for a in letters[:6] for b in letters[:7]]  # 20 + 42 = 62 tokens
-    vocabulary = {word: i for i, word in enumerate(words)} | {"<s>": VOCAB - 2, "</s>": VOCAB - 1}
-    backend = Tokenizer(models.BPE(vocabulary, [(a, b) for a in letters[:6] for b in letters[:7]], unk_token=None))
-    PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>").save_pretrained(folder)
+    tiny_gguf(model, folder).unlink()  # the folder, with its tokenizer; each test exports anew
     return model, folder
 
 

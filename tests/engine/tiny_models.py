@@ -29,3 +29,23 @@ def tiny_llama(seed: int, vocab_size: int = 64, layers: int = 2, hidden: int = 3
 
 def cached(model) -> TorchRuntime:
     return TorchRuntime(model, torch.device("cpu"))
+
+
+def tiny_gguf(model: LlamaForCausalLM, folder, precision: str = "f32"):
+    """`model` saved to `folder` with a small byte-level BPE tokenizer covering its
+    vocabulary, and exported as GGUF for the llama.cpp runtime; returns the GGUF path."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from engine.gguf_export import export_gguf
+
+    vocab_size = model.config.vocab_size
+    # llama.cpp refuses a BPE vocabulary without merges: keep room for at least one.
+    letters = [chr(ord("a") + i) for i in range(min(20, vocab_size - 3))]
+    pairs = [(a, b) for a in letters[:6] for b in letters[:7]][: vocab_size - 2 - len(letters)]
+    words = letters + [a + b for a, b in pairs]
+    vocabulary = {word: i for i, word in enumerate(words)} | {"<s>": vocab_size - 2, "</s>": vocab_size - 1}
+    backend = Tokenizer(models.BPE(vocabulary, pairs, unk_token=None))
+    model.save_pretrained(folder)
+    PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>").save_pretrained(folder)
+    return export_gguf(folder, precision=precision)
