@@ -3,6 +3,7 @@
 Layout of the output folder:
 
     DIR/config.json, model.safetensors, tokenizer files   the draft (written at the end)
+    DIR/model.q8_0.gguf                                   the draft for the llama.cpp runtime
     DIR/report.json                                       how well it matches the target
     DIR/distill-work/run.json                             the run's settings, fixed at its start
     DIR/distill-work/heldout-*.pt, train-*.pt             the target's replies (data shards)
@@ -15,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -26,6 +28,8 @@ import torch
 from ..bench import read_prompts
 from ..compat import check_pair_compatible
 from ..config import ConfigError, ModelSpec
+from ..errors import ModelLoadError
+from ..gguf_export import export_gguf
 from ..models import LoadedModel, load_model, load_tokenizer_only, resolve_source
 from .data import GenerationSettings, generate_split, load_split, split_prompts
 from .model import INITS, PRESETS, build_draft, forward_ms, shape_summary
@@ -151,7 +155,8 @@ class Distillation:
         """Generate what data is missing, train until done (or stopped), then write the draft."""
         settings = self.settings
         message(f"Loading the target {settings.target}…")
-        target = load_model(ModelSpec(settings.target, TARGET_PRECISION, self.device))
+        # Batched sampling and training read the torch model itself.
+        target = load_model(ModelSpec(settings.target, TARGET_PRECISION, self.device), runtime="torch")
         timings: dict[str, float | None] = {}
 
         # 1. the target writes the data: held-out replies first, so the untrained draft can be scored
@@ -220,6 +225,10 @@ class Distillation:
         if not copied:  # a tokenizer kept in some other form: let transformers write it
             target.tokenizer.save_pretrained(self.out_dir)
         check_pair_compatible(target.tokenizer, load_tokenizer_only(ModelSpec(str(self.out_dir))))
+        try:
+            export_gguf(self.out_dir)  # so that the llama.cpp runtime can run the draft too
+        except ModelLoadError as error:  # a tokenizer GGUF export cannot write: torch still runs it
+            print(f"tandem distill: no GGUF written ({error})", file=sys.stderr)
 
 
 class _Counter:

@@ -88,8 +88,8 @@ def test_a_tiny_run_yields_a_loadable_draft_that_learned(finished_run, tiny_targ
     assert report["heldout_kl"] < 0.8 * report["heldout_kl_initial"]
     assert report["heldout_agreement"] > report["heldout_agreement_initial"]
     assert report["training_tokens"] >= 2000
-    draft = load_model(ModelSpec(str(out), precision="fp32", device="cpu"))
-    target = load_model(ModelSpec(str(tiny_target), precision="fp32", device="cpu"))
+    draft = load_model(ModelSpec(str(out), precision="fp32", device="cpu"), runtime="torch")
+    target = load_model(ModelSpec(str(tiny_target), precision="fp32", device="cpu"), runtime="torch")
     assert draft.model.config.vocab_size == target.model.config.vocab_size
     check_pair_compatible(target.tokenizer, draft.tokenizer)
     check_pair_compatible(load_tokenizer_only(ModelSpec(str(tiny_target))), load_tokenizer_only(ModelSpec(str(out))))
