@@ -39,16 +39,13 @@ def test_a_different_vocabulary_size_is_refused(make_word_tokenizer, draft_words
     assert f"the target has {len(WORDS) + 4} tokens, the draft {len(draft_words) + 4}" in reason
 
 
-def test_a_different_special_token_is_refused(make_word_tokenizer):
-    # Same vocabulary, but the draft would stop at a different token.
+def test_a_differently_labelled_eos_is_compatible(make_word_tokenizer):
+    # Same vocabulary, another token labelled eos (as one GGUF converter did to the demo
+    # target): the reply stops at the target's stop tokens, so the pair works.
     target = make_word_tokenizer(WORDS)
     draft = make_word_tokenizer(WORDS, eos_token="<pad>")
 
-    reason = compatibility_reason(target, draft)
-
-    assert reason is not None
-    assert "eos" in reason
-    assert "'</s>' (id 2)" in reason and "'<pad>' (id 3)" in reason
+    assert compatibility_reason(target, draft) is None
 
 
 def test_demo_tokenizer_is_compatible_with_itself_quickly(demo_target_folder):
