@@ -215,6 +215,7 @@ class Generation:
             pieces = tuple(detokenizer.add([token]) for token in tokens)
             yield TextDelta("".join(pieces), tuple(tokens), tuple(kinds), pieces)
             if hit_stop:
+                stats.stop_tokens = 1
                 stop_reason = "eos"
                 break
             if now - last_stats >= settings.stats_every_s:

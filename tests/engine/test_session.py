@@ -153,3 +153,15 @@ def test_trees_are_calibrated_once_at_load_so_no_reply_waits_for_it(make_word_to
     for method in ("tree", "staged"):
         events = run(pair.generate([Message("user", "w1 w2 w3")], DecodeSettings(method=method, max_new_tokens=8)))
         assert len(events[-1].token_ids) == 8
+
+
+def test_plain_decoding_makes_one_token_per_target_call_when_a_stop_token_ends_it(tiny_pair):
+    # The call that produced the stop token counts, so the stop token counts too (issue 13: `ar` showed 0.88).
+    first = run(tiny_pair.generate([Message("user", "w9")], DecodeSettings(method="ar", max_new_tokens=5)))[-1]
+    tiny_pair.stop_token_ids = frozenset({first.token_ids[2]})
+    finished = run(tiny_pair.generate([Message("user", "w9")], DecodeSettings(method="ar", max_new_tokens=5)))[-1]
+    assert finished.stop_reason == "eos"
+    assert finished.stats.tokens_generated == 2
+    assert finished.stats.target_calls == 3
+    assert finished.stats.mean_accepted_per_target_call == 1.0
+    assert finished.stats.target_calls_saved == 0
