@@ -31,7 +31,7 @@ from .provenance import DARK_COLOURS, LEGEND, LIGHT_COLOURS
 from .settings import AppSettings, load_settings, save_settings
 from .settings_dialog import METHOD_LABELS, SettingsDialog
 from .speed_panel import SpeedPanel
-from .storage import ChatStore
+from .storage import open_chat_store
 from .worker import EngineClient, PairInfo
 
 LAYOUT_FILE = "window.ini"
@@ -64,7 +64,7 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.setWindowTitle("Tandem")
         self.settings, settings_warning = load_settings()
-        self.store = ChatStore.open_default()
+        self.store, store_warning = open_chat_store()
         self.pairs, pairs_warning = _read_pairs()
         self.settings_dialog: SettingsDialog | None = None
         self._closed = False
@@ -90,9 +90,10 @@ class MainWindow(QMainWindow):
         self._restore_layout()
         self.pane.view.set_show_provenance(self.settings.show_provenance)
         self._open_first_conversation()
-        for warning in (settings_warning, pairs_warning):
-            if warning:
-                self.pane.banner.show_message(warning, "warning")
+        # One banner holds every warning: shown one after another, only the last would stay.
+        warnings = [warning for warning in (store_warning, settings_warning, pairs_warning) if warning]
+        if warnings:
+            self.pane.banner.show_message("\n\n".join(warnings), "warning")
         self.pane.view.set_placeholder_text(FIRST_LOAD)
         self.request_pair(self.pair_named(self.settings.active_pair) or demo_pair())
 

@@ -282,3 +282,28 @@ def test_closing_mid_reply_stops_the_engine_and_keeps_the_text(make_window, qtbo
     again = make_window()
     saved = again.store.messages(again.controller.conversation_id)[-1]
     assert saved.status == STOPPED and saved.content == shown
+
+
+def test_a_corrupt_chat_file_is_kept_aside_and_the_app_opens_with_a_fresh_one(make_window, qtbot, tandem_home):
+    chats = tandem_home / "data" / "chats.sqlite3"
+    chats.parent.mkdir(parents=True)
+    chats.write_bytes(b"\x13\x37 not sqlite at all " * 500)
+    window = make_window()
+    kept = next(chats.parent.glob("chats-set-aside-*"))
+    assert kept.read_bytes().startswith(b"\x13\x37")
+    assert window.pane.banner.isVisible()
+    assert str(kept) in window.pane.banner.text
+    qtbot.waitUntil(lambda: window.client.pair is not None, timeout=5000)
+    send_and_wait(qtbot, window, "Still works?")
+    assert window.store.messages(window.controller.conversation_id)[-1].role == "assistant"
+
+
+def test_every_start_warning_is_shown_not_only_the_last(make_window, tandem_home):
+    config = tandem_home / "config"
+    config.mkdir(parents=True)
+    (config / "app-settings.json").write_text("{ half a settings file", encoding="utf-8")
+    (config / "pairs.json").write_text("[ half a pairs file", encoding="utf-8")
+    window = make_window()
+    shown = window.pane.banner.text
+    assert "settings could not be read" in shown
+    assert "saved model pairs" in shown
