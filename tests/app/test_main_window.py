@@ -307,3 +307,38 @@ def test_every_start_warning_is_shown_not_only_the_last(make_window, tandem_home
     shown = window.pane.banner.text
     assert "settings could not be read" in shown
     assert "saved model pairs" in shown
+
+
+def test_after_an_error_mid_reply_the_speed_panel_no_longer_waits(ready_window, qtbot):
+    window = ready_window(FakeEngine(fail_after_tokens=0))
+    with qtbot.waitSignal(window.client.errored, timeout=5000):
+        send(qtbot, window, "Write a lot")
+    assert "Waiting" not in window.speed_panel.caption.text()
+    assert "failed" in window.speed_panel.caption.text()
+
+
+def test_a_load_error_is_a_full_sentence_and_goes_once_a_pair_loads(make_window, qtbot):
+    save_user_pairs([PairConfig("broken", ModelSpec("/models/broken.gguf"))])
+    engine = FakeEngine(failing_sources={"/models/broken.gguf": ModelLoadError("the tensor layout is not covered")})
+    window = make_window(engine)
+    qtbot.waitUntil(lambda: window.client.pair is not None, timeout=5000)
+    with qtbot.waitSignal(window.client.load_failed, timeout=5000):
+        window.request_pair(window.pair_named("broken"))
+    assert "not covered. Still using “demo”." in window.pane.banner.text
+    with qtbot.waitSignal(window.client.pair_loaded, timeout=5000):
+        window.request_pair(window.pair_named("demo"))
+    assert not window.pane.banner.isVisible()
+
+
+def test_a_saved_pair_that_no_longer_loads_falls_back_to_the_demo_pair(make_window, qtbot):
+    save_user_pairs([PairConfig("gone", ModelSpec("/models/gone.gguf"))])
+    from app.settings import AppSettings, save_settings
+
+    save_settings(AppSettings(active_pair="gone"))
+    engine = FakeEngine(failing_sources={"/models/gone.gguf": ModelLoadError("Model file not found: /models/gone.gguf")})
+    window = make_window(engine)
+    qtbot.waitUntil(lambda: window.client.pair is not None, timeout=5000)
+    assert window.client.pair.config.name == "demo"
+    banner = window.pane.banner.text
+    assert "Could not load “gone”" in banner and "Using the demo pair instead" in banner
+    send_and_wait(qtbot, window, "Hello")
