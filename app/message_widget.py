@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 from . import figures as fmt
-from .markdown_blocks import Block, split_blocks
+from .markdown_blocks import Block, split_blocks, with_line_breaks
 from .provenance import Runs, coloured_html
 from .storage import FAILED, INTERRUPTED, STOPPED, STREAMING, StoredMessage
 
@@ -100,8 +100,9 @@ class ProseBlock(QLabel):
         self.set_block(block)
 
     def set_block(self, block: Block) -> None:
-        if self.text() != block.text:
-            self.setText(block.text)
+        text = with_line_breaks(block.text)
+        if self.text() != text:
+            self.setText(text)
 
 
 class MarkdownView(QWidget):

@@ -342,3 +342,33 @@ def test_a_saved_pair_that_no_longer_loads_falls_back_to_the_demo_pair(make_wind
     banner = window.pane.banner.text
     assert "Could not load “gone”" in banner and "Using the demo pair instead" in banner
     send_and_wait(qtbot, window, "Hello")
+
+
+def test_new_chat_stores_nothing_until_its_first_message(ready_window, qtbot):
+    window = ready_window()
+    for _ in range(3):
+        window.new_action.trigger()
+    assert window.store.list_conversations() == []
+    send_and_wait(qtbot, window, "Now it counts")
+    assert [c.title for c in window.store.list_conversations()] == ["Now it counts"]
+    assert window.conversations.list.count() == 1
+
+
+def test_a_message_sent_while_the_pair_loads_is_sent_when_it_is_ready(make_window, qtbot):
+    engine = FakeEngine(load_delay_s=0.5)
+    window = make_window(engine)
+    send(qtbot, window, "Typed during the load")
+    assert "sent when the model pair is ready" in window.pane.send_notice.text()
+    assert window.pane.send_notice.isVisible()
+    with qtbot.waitSignal(window.client.finished, timeout=5000):
+        pass
+    assert [m.content for m in engine.requests[-1][0]] == ["Typed during the load"]
+    assert not window.pane.send_notice.isVisible()
+    assert window.pane.input.toPlainText() == ""
+
+
+def test_line_breaks_of_a_poem_are_kept_without_colouring(ready_window, qtbot):
+    poem = "Roses are red,\nviolets are blue,\ndrafts are quick,\nand targets are true."
+    window = ready_window(FakeEngine(reply=poem))
+    send_and_wait(qtbot, window, "A poem please")
+    assert shown_markdown(last_reply(window)).splitlines() == poem.splitlines()
