@@ -87,11 +87,11 @@ class ChatController(QObject):
             self.store.set_state("selected_conversation", str(conversation.id))
         self.refresh_state()
 
-    def new_conversation(self) -> int:
-        conversation = self.store.create_conversation(NEW_TITLE)
-        self.open_conversation(conversation.id)
+    def new_conversation(self) -> None:
+        """An empty chat, stored with its first message or system prompt: clicking New chat
+        never leaves empty conversations behind."""
+        self.open_conversation(None)
         self.conversations_changed.emit()
-        return conversation.id
 
     def rename(self, conversation_id: int, title: str) -> None:
         self.store.rename_conversation(conversation_id, title)
@@ -265,5 +265,5 @@ class ChatController(QObject):
         else:
             why_not = ""
         generating = self.stream is not None
-        self.pane.set_state(client.can_generate and not generating, generating, why_not)
+        self.pane.set_state(client.can_generate and not generating, generating, why_not, loading=client.loading is not None)
         self.pane.view.update_actions(idle=client.can_generate and not generating)

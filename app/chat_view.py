@@ -211,6 +211,10 @@ class ChatPane(QWidget):
         self.edit_notice.setObjectName("editNotice")
         self.edit_notice.setVisible(False)
         bottom.addWidget(self.edit_notice)
+        self.send_notice = QLabel()  # why a message waits, or cannot be sent
+        self.send_notice.setObjectName("editNotice")
+        self.send_notice.setVisible(False)
+        bottom.addWidget(self.send_notice)
         row = QHBoxLayout()
         self.input = InputBox()
         self.send_button = QPushButton("Send")
@@ -232,14 +236,34 @@ class ChatPane(QWidget):
         self.send_button.clicked.connect(self._submit)
         self.stop_button.clicked.connect(self.stop_requested)
         self._can_send = False
+        self._loading = False
+        self._queued = False  # Enter was pressed while the pair loaded: send once it is ready
 
     def _submit(self) -> None:
         text = self.input.toPlainText().strip()
-        if text and self._can_send:
+        if not text:
+            return
+        if self._can_send:
             self.send_requested.emit(text)
+        elif self._loading:
+            self._queued = True
+            self._show_send_notice("Your message will be sent when the model pair is ready.")
+        elif not self.stop_button.isVisible():
+            self._show_send_notice(self.send_button.toolTip())
 
-    def set_state(self, can_send: bool, generating: bool, why_not: str = "") -> None:
+    def _show_send_notice(self, text: str) -> None:
+        self.send_notice.setText(text)
+        self.send_notice.setVisible(bool(text))
+
+    def set_state(self, can_send: bool, generating: bool, why_not: str = "", loading: bool = False) -> None:
         self._can_send = can_send
+        self._loading = loading
+        if can_send or not loading:
+            self.send_notice.setVisible(False)
+        if self._queued and (can_send or not loading):
+            self._queued = False
+            if can_send:
+                self._submit()
         self.send_button.setEnabled(can_send)
         self.send_button.setToolTip("Send (Enter)" if can_send else why_not)
         self.send_button.setVisible(not generating)

@@ -31,7 +31,7 @@ from .provenance import DARK_COLOURS, LEGEND, LIGHT_COLOURS
 from .settings import AppSettings, load_settings, save_settings
 from .settings_dialog import METHOD_LABELS, SettingsDialog
 from .speed_panel import SpeedPanel
-from .storage import ChatStore
+from .storage import open_chat_store
 from .worker import EngineClient, PairInfo
 
 LAYOUT_FILE = "window.ini"
@@ -64,10 +64,11 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.setWindowTitle("Tandem")
         self.settings, settings_warning = load_settings()
-        self.store = ChatStore.open_default()
+        self.store, store_warning = open_chat_store()
         self.pairs, pairs_warning = _read_pairs()
         self.settings_dialog: SettingsDialog | None = None
         self._closed = False
+        self._load_failure_shown = False  # the banner holds a load error, which a later load ends
 
         self.client = EngineClient(engine or LocalEngine(), self)
         self.conversations = ConversationList(self.store)
@@ -90,9 +91,10 @@ class MainWindow(QMainWindow):
         self._restore_layout()
         self.pane.view.set_show_provenance(self.settings.show_provenance)
         self._open_first_conversation()
-        for warning in (settings_warning, pairs_warning):
-            if warning:
-                self.pane.banner.show_message(warning, "warning")
+        # One banner holds every warning: shown one after another, only the last would stay.
+        warnings = [warning for warning in (store_warning, settings_warning, pairs_warning) if warning]
+        if warnings:
+            self.pane.banner.show_message("\n\n".join(warnings), "warning")
         self.pane.view.set_placeholder_text(FIRST_LOAD)
         self.request_pair(self.pair_named(self.settings.active_pair) or demo_pair())
 
@@ -160,6 +162,7 @@ class MainWindow(QMainWindow):
         self.client.load_failed.connect(self._on_load_failed)
         self.client.stats_updated.connect(self._on_stats)
         self.client.finished.connect(self._on_finished)
+        self.client.errored.connect(lambda _request_id, _error: self.speed_panel.fail_reply())
         self.pair_combo.activated.connect(self._on_pair_chosen)
         self.method_combo.activated.connect(self._on_method_chosen)
         self.provenance_action.toggled.connect(self.set_show_provenance)
@@ -230,6 +233,9 @@ class MainWindow(QMainWindow):
         )
         self.load_progress.setVisible(self.client.loading is not None)
         self.setWindowTitle(f"Tandem — {info.config.name}")
+        if self._load_failure_shown:
+            self._load_failure_shown = False
+            self.pane.banner.hide()
         self.settings.active_pair = info.config.name
         save_settings(self.settings)
         self.speed_panel.set_pair(description)
@@ -243,14 +249,21 @@ class MainWindow(QMainWindow):
     def _on_load_failed(self, config: PairConfig, error: Exception) -> None:
         self.load_progress.setVisible(self.client.loading is not None)
         current = self.client.pair
+        demo = demo_pair()
         if current is not None:
             still = f" Still using “{current.config.name}”."
             self.load_label.setText(f"Using “{current.config.name}”")
+        elif config != demo and self.client.loading is None:
+            # A saved pair that no longer loads must not leave the app without any pair.
+            still = " Using the demo pair instead; choose another in Settings → Model pairs."
+            self.request_pair(demo)
         else:
             still = " No pair is active: choose another in Settings → Model pairs."
             self.load_label.setText("No model pair loaded")
             self.pane.view.set_placeholder_text("No model pair is loaded. Choose one in Settings → Model pairs.")
-        self.pane.banner.show_message(f"Could not load “{config.name}”. {error_text(error)}{still}")
+        self.pane.banner.show_message(f"Could not load “{config.name}”. {_as_sentence(error_text(error))}{still}")
+        # A later load ends the message, except the fallback's own, which the message explains.
+        self._load_failure_shown = self.client.loading is None
         self._fill_pair_combo()
 
     def _fill_pair_combo(self) -> None:
@@ -356,6 +369,12 @@ class MainWindow(QMainWindow):
             self.client.shutdown()
             self.store.close()
         super().closeEvent(event)
+
+
+def _as_sentence(text: str) -> str:
+    """`text` ending in a full stop, so that the next sentence does not run into it."""
+    text = text.rstrip()
+    return text if text.endswith((".", "!", "?", "…")) else f"{text}."
 
 
 def _read_pairs() -> tuple[list[PairConfig], str | None]:

@@ -46,3 +46,15 @@ def _flush_prose(blocks: list[Block], lines: list[str]) -> None:
     if text.strip():
         blocks.append(Block("prose", text))
     lines.clear()
+
+
+def with_line_breaks(prose: str) -> str:
+    """Markdown joins the lines of a paragraph into one; a chat reply (a poem, an address)
+    means its line breaks. Ends every line that continues a paragraph with a hard break
+    (two spaces), except table rows, whose trailing spaces a table does not need."""
+    lines = prose.split("\n")
+    for index, line in enumerate(lines[:-1]):
+        continues = line.strip() and lines[index + 1].strip()
+        if continues and not line.lstrip().startswith("|") and not line.endswith("  "):
+            lines[index] = line + "  "
+    return "\n".join(lines)

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 from . import figures as fmt
-from .markdown_blocks import Block, split_blocks
+from .markdown_blocks import Block, split_blocks, with_line_breaks
 from .provenance import Runs, coloured_html
 from .storage import FAILED, INTERRUPTED, STOPPED, STREAMING, StoredMessage
 
@@ -31,12 +31,20 @@ def is_dark() -> bool:
     return QGuiApplication.palette().window().color().lightness() < 128
 
 
+# Message text is laid out height-for-width. Its vertical size policy must not be Minimum:
+# that makes a label's size hint (its height at a guessed width of about 80 characters) a
+# minimum, and the chat's scroll area sizes its content to the sum of those minimums. A long
+# message at a wider width then left thousands of blank pixels below the conversation, and
+# the view, following the bottom, scrolled into them.
+TEXT_SIZE_POLICY = (QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
+
+
 def _selectable_label(text_format: Qt.TextFormat) -> QLabel:
     label = QLabel()
     label.setTextFormat(text_format)
     label.setWordWrap(True)
     label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.TextSelectableByKeyboard)
-    label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
+    label.setSizePolicy(*TEXT_SIZE_POLICY)
     return label
 
 
@@ -88,12 +96,13 @@ class ProseBlock(QLabel):
         self.setTextInteractionFlags(
             Qt.TextInteractionFlag.TextSelectableByMouse | Qt.TextInteractionFlag.TextSelectableByKeyboard
         )
-        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Minimum)
+        self.setSizePolicy(*TEXT_SIZE_POLICY)
         self.set_block(block)
 
     def set_block(self, block: Block) -> None:
-        if self.text() != block.text:
-            self.setText(block.text)
+        text = with_line_breaks(block.text)
+        if self.text() != text:
+            self.setText(text)
 
 
 class MarkdownView(QWidget):

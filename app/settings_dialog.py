@@ -36,7 +36,7 @@ METHOD_LABELS = {
     "ar": "ar: plain decoding, one target call per token (the reference)",
     "chain": "chain: the draft proposes K tokens, the target verifies them in one call",
     "tree": "tree: the draft proposes a tree of alternatives, the target verifies all of it in one call",
-    "staged": "staged: a tree whose drafting is itself sped up by an n-gram model (fastest)",
+    "staged": "staged: a tree whose draft model checks an n-gram model's proposals first (a second drafting stage)",
     "ngram": "ngram: an n-gram model of the conversation drafts K tokens, no draft model",
 }
 TREE_SHAPES = ("auto", "8x3", "16x4", "24x5", "32x6", "64x8")

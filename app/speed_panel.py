@@ -203,6 +203,11 @@ class SpeedPanel(QDockWidget):
             f"{fmt.STOP_REASONS.get(stop_reason, stop_reason)}"
         )
 
+    def fail_reply(self) -> None:
+        """The reply ended in an error: stop waiting for figures that will not come."""
+        self.speed.setText("—")
+        self.caption.setText("The last reply failed; its error is shown above the chat")
+
     def _add_rate_point(self, elapsed: float, tokens: int) -> None:
         """Plot the rate since the previous update: the curve shows slow and fast stretches."""
         last_elapsed, last_tokens = self._last_point

@@ -4,6 +4,9 @@ Every write commits on its own (autocommit, WAL journal), and a streaming reply 
 with each delta, so killing the app mid-reply keeps exactly what was on screen. Replies
 still marked "streaming" when the store is opened again were cut off, and become
 "interrupted".
+
+A chats file that cannot be used (not a database, or written by a newer schema) is renamed
+beside itself, never deleted, and a fresh store starts; the user is told where the old one is.
 """
 from __future__ import annotations
 
@@ -66,11 +69,25 @@ class StoredMessage:
     note: str  # why a reply ended early, or what went wrong
 
 
+class NewerSchemaError(Exception):
+    """The chats file was written by a newer Tandem, whose tables this one may not understand."""
+
+
 class ChatStore:
     def __init__(self, path: Path):
         self.path = path
         self._db = sqlite3.connect(path, isolation_level=None)
+        try:
+            self._prepare()
+        except BaseException:
+            self._db.close()  # so that the caller can move the file aside
+            raise
+
+    def _prepare(self) -> None:
         self._db.row_factory = sqlite3.Row
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]  # "not a database" fails here
+        if version > SCHEMA_VERSION:
+            raise NewerSchemaError(f"chat schema {version}; this version reads {SCHEMA_VERSION}")
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
@@ -80,10 +97,6 @@ class ChatStore:
             "UPDATE messages SET status=?, note=? WHERE status=?",
             (INTERRUPTED, "The app closed before this reply finished.", STREAMING),
         )
-
-    @classmethod
-    def open_default(cls) -> ChatStore:
-        return cls(data_dir() / DATABASE_FILE)
 
     def close(self) -> None:
         self._db.close()
@@ -181,6 +194,36 @@ class ChatStore:
             "INSERT INTO app_state (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
             (key, value),
         )
+
+
+def open_chat_store(path: Path | None = None) -> tuple[ChatStore, str | None]:
+    """The chat store, and a message for the user when the old file had to be set aside."""
+    path = path or data_dir() / DATABASE_FILE
+    try:
+        return ChatStore(path), None
+    except NewerSchemaError as error:
+        kept = _set_aside(path)
+        why = f"Your chats were saved by a newer version of Tandem ({error})."
+    except sqlite3.DatabaseError as error:
+        kept = _set_aside(path)
+        why = f"Your chats file could not be opened ({error})."
+    return ChatStore(path), f"{why} It is kept as {kept}; new chats go to a fresh file."
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename `path` (and SQLite's journal files beside it) to a free timestamped name."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    kept = path.with_name(f"{path.stem}-set-aside-{stamp}{path.suffix}")
+    number = 1
+    while kept.exists():
+        number += 1
+        kept = path.with_name(f"{path.stem}-set-aside-{stamp}-{number}{path.suffix}")
+    path.replace(kept)
+    for journal in ("-wal", "-shm"):
+        companion = path.with_name(path.name + journal)
+        if companion.exists():
+            companion.replace(kept.with_name(kept.name + journal))
+    return kept
 
 
 def _conversation(row: sqlite3.Row) -> Conversation:

@@ -59,6 +59,7 @@ class MethodResult:
         proposed = sum(s.draft_tokens_proposed for s in with_stats)
         accepted = sum(s.draft_tokens_accepted for s in with_stats)
         target_calls = sum(s.target_calls for s in with_stats)
+        tokens_from_calls = sum(s.tokens_from_target_calls for s in with_stats)  # stop tokens included
         draft_calls = sum(s.draft_calls for s in with_stats)
         stage_proposed = sum(s.stage_tokens_proposed for s in with_stats)
         stage_accepted = sum(s.stage_tokens_accepted for s in with_stats)
@@ -71,8 +72,8 @@ class MethodResult:
             "tokens_per_s": tokens_per_s,
             "speedup_vs_ar": None,
             "acceptance_rate": accepted / proposed if proposed else None,
-            "mean_accepted_per_target_call": tokens / target_calls if with_stats and target_calls else None,
-            "target_calls_per_token": target_calls / tokens if with_stats and tokens else None,
+            "mean_accepted_per_target_call": tokens_from_calls / target_calls if with_stats and target_calls else None,
+            "target_calls_per_token": target_calls / tokens_from_calls if with_stats and tokens_from_calls else None,
             "draft_calls_per_target_call": draft_calls / target_calls if with_stats and target_calls else None,
             "draft_stage_acceptance": stage_accepted / stage_proposed if stage_proposed else None,
             "tree_nodes_per_target_call": tree_nodes / target_calls if tree_nodes and target_calls else None,

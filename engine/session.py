@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -152,7 +153,9 @@ class LoadedPair:
 
 
 class Generation:
-    """One reply, as an iterator of events. Not reusable: iterate it once."""
+    """One reply, as an iterator of events. Not reusable: iterate it once; a second iteration
+    raises instead of starting an empty run, and `result_so_far()` gives the reply of one
+    that was cut short (Ctrl-C)."""
 
     def __init__(self, pair: LoadedPair, messages: list[Message], settings: DecodeSettings, system_prompt: str | None):
         self.pair = pair
@@ -160,12 +163,36 @@ class Generation:
         self.settings = settings
         self.system_prompt = system_prompt
         self._stop_requested = threading.Event()
+        self._started = False
+        self._streamed: _Streamed | None = None
 
     def stop(self) -> None:
         """Ask the loop to finish after its current round. Safe from any thread."""
         self._stop_requested.set()
 
+    def result_so_far(self) -> Finished | None:
+        """The reply as far as it was streamed, as a stopped Finished event; None before the
+        prompt was prepared. For a generation whose iteration ended early (KeyboardInterrupt
+        inside a round, or a consumer that stopped reading): what the user saw is kept."""
+        streamed = self._streamed
+        if streamed is None:
+            return None
+        stats = streamed.stats.snapshot()
+        stats.elapsed_s = time.perf_counter() - streamed.started
+        return Finished(
+            text=self.pair.tokenizer.decode(streamed.reply, skip_special_tokens=True),
+            token_ids=tuple(streamed.reply),
+            provenance=tuple(streamed.provenance),
+            stats=stats,
+            stop_reason="stopped",
+            dropped_turns=streamed.dropped_turns,
+        )
+
     def __iter__(self) -> Iterator[Event]:
+        if self._started:
+            # Iterating again would run a new, already stopped reply and report it as empty.
+            raise RuntimeError("This generation already ran; use result_so_far() for its reply, or generate again.")
+        self._started = True
         try:
             yield from self._run()
         except torch.cuda.OutOfMemoryError as error:
@@ -178,9 +205,9 @@ class Generation:
 
     def _run(self) -> Iterator[Event]:
         pair, settings = self.pair, self.settings
-        if settings.method not in pair.methods:
-            needs = " (it needs a draft model)" if settings.method in DRAFT_MODEL_METHODS else ""
-            raise ConfigError(f"The pair {pair.config.name!r} cannot decode with {settings.method!r}{needs}.")
+        refusal = method_refusal(pair, settings.method)
+        if refusal:
+            raise ConfigError(refusal)
         tree_drafter = pair.tree_drafters.get(settings.method)
         policy = pair.tree_policy(settings) if tree_drafter else None
         longest_tree = policy.shape().depth if policy else 0
@@ -198,6 +225,7 @@ class Generation:
         provenance: list[Provenance] = []
         started = last_stats = time.perf_counter()
         stop_reason = "length"
+        self._streamed = _Streamed(reply, provenance, stats, started, prompt.dropped_messages)  # shares the lists
 
         while len(reply) < settings.max_new_tokens:
             if self._stop_requested.is_set():
@@ -228,6 +256,7 @@ class Generation:
             pieces = tuple(detokenizer.add([token]) for token in tokens)
             yield TextDelta("".join(pieces), tuple(tokens), tuple(kinds), pieces)
             if hit_stop:
+                stats.stop_tokens = 1
                 stop_reason = "eos"
                 break
             if now - last_stats >= settings.stats_every_s:
@@ -252,6 +281,30 @@ class Generation:
             if token in self.pair.stop_token_ids:
                 return tokens[:index], kinds[:index], True
         return tokens, kinds, False
+
+
+def method_refusal(pair: LoadedPair, method: str) -> str | None:
+    """Why `pair` cannot decode with `method`, or None when it can: asked when a method is
+    chosen, so that a reply never finds out."""
+    if method in pair.methods:
+        return None
+    if method not in DRAFT_MODEL_METHODS:
+        return f"The pair {pair.config.name!r} cannot decode with {method!r}."
+    if pair.draft is None:
+        return f"The pair {pair.config.name!r} cannot decode with {method!r}: it needs a draft model, and this pair has none."
+    return (f"The pair {pair.config.name!r} cannot decode with {method!r}: token trees need full attention in "
+            "every layer, and its models use sliding-window attention.")
+
+
+@dataclass
+class _Streamed:
+    """What a generation has streamed so far: tokens are added before the delta that shows them."""
+
+    reply: list[int]
+    provenance: list[Provenance]
+    stats: GenerationStats
+    started: float
+    dropped_turns: int
 
 
 def _count_round(stats: GenerationStats, outcome: RoundOutcome) -> None:

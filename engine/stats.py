@@ -29,6 +29,9 @@ class GenerationStats:
     tree_nodes_verified: int = 0
     stage_tokens_proposed: int = 0
     stage_tokens_accepted: int = 0
+    # The stop token that ended the reply (0 or 1): a target call produced it, but it is not
+    # part of the reply, so it is counted here and not in tokens_generated.
+    stop_tokens: int = 0
 
     def record_round(self, proposed: int, accepted: int) -> None:
         """Count one verified round: `proposed` draft tokens, the first `accepted` of them kept."""
@@ -58,18 +61,25 @@ class GenerationStats:
         return [a / p if p else 0.0 for a, p in zip(self.accepted_by_position, self.proposed_by_position)]
 
     @property
+    def tokens_from_target_calls(self) -> int:
+        """Every token the target's calls produced, the stop token included: without it, a
+        reply that ends on a stop token shows `ar` below one token per call."""
+        return self.tokens_generated + self.stop_tokens
+
+    @property
     def mean_accepted_per_target_call(self) -> float | None:
         """Tokens emitted per target forward (the papers' "compression ratio"); 1.0 for `ar`."""
-        return self.tokens_generated / self.target_calls if self.target_calls else None
+        return self.tokens_from_target_calls / self.target_calls if self.target_calls else None
 
     @property
     def target_calls_per_token(self) -> float | None:
-        return self.target_calls / self.tokens_generated if self.tokens_generated else None
+        produced = self.tokens_from_target_calls
+        return self.target_calls / produced if produced else None
 
     @property
     def target_calls_saved(self) -> int:
         """Target forwards saved compared with one target call per generated token."""
-        return max(self.tokens_generated - self.target_calls, 0)
+        return max(self.tokens_from_target_calls - self.target_calls, 0)
 
     @property
     def draft_calls_per_target_call(self) -> float | None:

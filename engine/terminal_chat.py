@@ -10,10 +10,10 @@ import sys
 from typing import TextIO
 
 from .chat_prompt import Message
-from .config import ConfigError, DecodeSettings
+from .config import ConfigError, DecodeSettings, default_method
 from .errors import TandemError
 from .events import Finished, PromptPrepared, StatsUpdate, TextDelta
-from .session import LoadedPair
+from .session import LoadedPair, method_refusal
 from .stats import GenerationStats
 
 HELP = """Commands: /reset (new conversation), /system TEXT, /method ar|chain|tree|staged|ngram, /temperature T,
@@ -74,6 +74,10 @@ class TerminalChat:
         described = self.pair.describe()
         self.out.write(f"Tandem · {described['target']} drafted by {described['draft']} on {described['device']} "
                        f"({described['precision']}). /help for commands.\n")
+        refusal = method_refusal(self.pair, self.settings.method)
+        if refusal:
+            self.settings = self.settings.with_changes(method=default_method(self.pair.methods))
+            self.out.write(f"[error] {refusal} Using {self.settings.method} instead.\n")
         with StatusLine(self.out) as status:
             while True:
                 try:
@@ -106,11 +110,10 @@ class TerminalChat:
                 elif isinstance(event, Finished):
                     finished = event
         except KeyboardInterrupt:
-            generation.stop()  # the reply so far is kept, as in the app
-            for event in generation:
-                if isinstance(event, Finished):
-                    finished = event
-        except TandemError as error:
+            # Ctrl-C lands inside a round or while printing: either way the generation is
+            # over, and the reply streamed so far is kept, as in the app.
+            finished = generation.result_so_far()
+        except (TandemError, ConfigError) as error:  # no setting may end a chat
             self.out.write(f"\n[error] {error}\n")
             return
         if finished is None:
@@ -118,7 +121,10 @@ class TerminalChat:
         self.out.write("\n")
         if finished.stop_reason == "stopped":
             self.out.write("[stopped]\n")
-        self.history = messages + [Message("assistant", finished.text)]
+        if finished.token_ids:
+            self.history = messages + [Message("assistant", finished.text)]
+        else:
+            self.out.write("(no reply was written, so this message is not kept in the conversation)\n")
         self.last_stats = finished.stats
         status.show(stats_line(finished.stats))
         status.after_reply(stats_line(finished.stats))
@@ -136,8 +142,14 @@ class TerminalChat:
                 self.system_prompt = argument or None
                 self.out.write("(system prompt set)\n" if argument else "(system prompt cleared)\n")
             elif name == "/method":
-                self.settings = self.settings.with_changes(method=argument.strip())
-                self.out.write(f"(method: {self.settings.method})\n")
+                method = argument.strip()
+                settings = self.settings.with_changes(method=method)  # an unknown name fails here
+                refusal = method_refusal(self.pair, method)
+                if refusal:
+                    self.out.write(f"[error] {refusal} The method stays {self.settings.method}.\n")
+                else:
+                    self.settings = settings
+                    self.out.write(f"(method: {self.settings.method})\n")
             elif name == "/temperature":
                 self.settings = self.settings.with_changes(temperature=float(argument))
                 self.out.write(f"(temperature: {self.settings.temperature})\n")

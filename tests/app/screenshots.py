@@ -1,6 +1,10 @@
 """Take the screenshots in docs/screenshots with the real engine and the demo pair.
 
-    .venv/bin/python -m tests.app.screenshots
+    .venv/bin/python -m tests.app.screenshots                        # all of them
+    .venv/bin/python -m tests.app.screenshots long-chat recovery     # only these sets
+
+Sets: `tour` (the main window, settings and pair picker), `long-chat` (the newest reply in
+view after a 40,000-character message), `recovery` (a corrupt chats file set aside).
 
 Runs in a private TANDEM_HOME (converted weights are shared with the user cache) on the
 offscreen platform unless a display is set. The pair picker lists the converted demo folder,
@@ -60,24 +64,76 @@ def tiny_character_model(folder: Path) -> Path:
     return folder
 
 
-def main() -> int:
-    home = use_scratch_home("tandem-screenshots-")
-    cache = home / "cache"
-
-    from app.engine_api import LocalEngine
-    from app.main_window import MainWindow
+def main(argv: list[str] | None = None) -> int:
+    chosen = (sys.argv[1:] if argv is None else argv) or list(SETS)
+    unknown = [name for name in chosen if name not in SETS]
+    if unknown:
+        print(f"unknown screenshot sets {unknown}; choose from {list(SETS)}", file=sys.stderr)
+        return 2
     from app.style import stylesheet
 
     app = QApplication(sys.argv[:1])
     app.setStyleSheet(stylesheet(app.palette()))
+    for name in chosen:
+        home = use_scratch_home(f"tandem-screenshots-{name}-")  # each set starts from a fresh home
+        SETS[name](app, home)
+    return 0
+
+
+def open_window(app: QApplication):
+    from app.engine_api import LocalEngine
+    from app.main_window import MainWindow
+
     window = MainWindow(LocalEngine())
     window.resize(1360, 860)
     window.show()
+    return window
+
+
+def tour(app: QApplication, home: Path) -> None:
+    window = open_window(app)
     try:
-        take_screenshots(app, window, home, cache)
+        take_screenshots(app, window, home, home / "cache")
     finally:
         window.close()
-    return 0
+
+
+def long_chat(app: QApplication, home: Path) -> None:
+    """A conversation whose earlier reply is about 40,000 characters long, then a new
+    question: the new reply streams in view at the bottom (issue 13)."""
+    from app.storage import open_chat_store
+    from engine.config import DecodeSettings
+
+    store, _warning = open_chat_store()
+    conversation = store.create_conversation("A very long answer")
+    store.add_message(conversation.id, "user", "List the numbers from 1 to 5000 in words, one per line.")
+    long_reply = "\n\n".join(f"Paragraph {n}: " + "all the numbers so far, " * 12 for n in range(1, 140))
+    store.add_message(conversation.id, "assistant", long_reply)
+    store.close()
+    window = open_window(app)
+    try:
+        wait_until(app, lambda: window.client.pair is not None, 300)
+        window.set_decoding(DecodeSettings(method="tree", max_new_tokens=60))
+        window.pane.input.setPlainText("Thanks. Now in one sentence: what is speculative decoding?")
+        window.pane.send_button.click()
+        wait_until(app, lambda: not window.client.generating and len(window.pane.view.messages) == 4, 600)
+        app.processEvents()
+        save(window, "chat-after-long-message.png")
+    finally:
+        window.close()
+
+
+def recovery(app: QApplication, home: Path) -> None:
+    """The chats file is random bytes: it is set aside and the app says where (issue 13)."""
+    chats = home / "data" / "chats.sqlite3"
+    chats.parent.mkdir(parents=True, exist_ok=True)
+    chats.write_bytes(os.urandom(64 * 1024))
+    window = open_window(app)
+    try:
+        wait_until(app, lambda: window.client.pair is not None, 300)
+        save(window, "corrupt-chats-recovered.png")
+    finally:
+        window.close()
 
 
 def take_screenshots(app: QApplication, window, home: Path, cache: Path) -> None:
@@ -121,6 +177,9 @@ def take_screenshots(app: QApplication, window, home: Path, cache: Path) -> None
     save(picker, "pair-picker.png")
     picker.reject()
     dialog.reject()
+
+
+SETS = {"tour": tour, "long-chat": long_chat, "recovery": recovery}
 
 
 if __name__ == "__main__":

@@ -282,3 +282,93 @@ def test_closing_mid_reply_stops_the_engine_and_keeps_the_text(make_window, qtbo
     again = make_window()
     saved = again.store.messages(again.controller.conversation_id)[-1]
     assert saved.status == STOPPED and saved.content == shown
+
+
+def test_a_corrupt_chat_file_is_kept_aside_and_the_app_opens_with_a_fresh_one(make_window, qtbot, tandem_home):
+    chats = tandem_home / "data" / "chats.sqlite3"
+    chats.parent.mkdir(parents=True)
+    chats.write_bytes(b"\x13\x37 not sqlite at all " * 500)
+    window = make_window()
+    kept = next(chats.parent.glob("chats-set-aside-*"))
+    assert kept.read_bytes().startswith(b"\x13\x37")
+    assert window.pane.banner.isVisible()
+    assert str(kept) in window.pane.banner.text
+    qtbot.waitUntil(lambda: window.client.pair is not None, timeout=5000)
+    send_and_wait(qtbot, window, "Still works?")
+    assert window.store.messages(window.controller.conversation_id)[-1].role == "assistant"
+
+
+def test_every_start_warning_is_shown_not_only_the_last(make_window, tandem_home):
+    config = tandem_home / "config"
+    config.mkdir(parents=True)
+    (config / "app-settings.json").write_text("{ half a settings file", encoding="utf-8")
+    (config / "pairs.json").write_text("[ half a pairs file", encoding="utf-8")
+    window = make_window()
+    shown = window.pane.banner.text
+    assert "settings could not be read" in shown
+    assert "saved model pairs" in shown
+
+
+def test_after_an_error_mid_reply_the_speed_panel_no_longer_waits(ready_window, qtbot):
+    window = ready_window(FakeEngine(fail_after_tokens=0))
+    with qtbot.waitSignal(window.client.errored, timeout=5000):
+        send(qtbot, window, "Write a lot")
+    assert "Waiting" not in window.speed_panel.caption.text()
+    assert "failed" in window.speed_panel.caption.text()
+
+
+def test_a_load_error_is_a_full_sentence_and_goes_once_a_pair_loads(make_window, qtbot):
+    save_user_pairs([PairConfig("broken", ModelSpec("/models/broken.gguf"))])
+    engine = FakeEngine(failing_sources={"/models/broken.gguf": ModelLoadError("the tensor layout is not covered")})
+    window = make_window(engine)
+    qtbot.waitUntil(lambda: window.client.pair is not None, timeout=5000)
+    with qtbot.waitSignal(window.client.load_failed, timeout=5000):
+        window.request_pair(window.pair_named("broken"))
+    assert "not covered. Still using “demo”." in window.pane.banner.text
+    with qtbot.waitSignal(window.client.pair_loaded, timeout=5000):
+        window.request_pair(window.pair_named("demo"))
+    assert not window.pane.banner.isVisible()
+
+
+def test_a_saved_pair_that_no_longer_loads_falls_back_to_the_demo_pair(make_window, qtbot):
+    save_user_pairs([PairConfig("gone", ModelSpec("/models/gone.gguf"))])
+    from app.settings import AppSettings, save_settings
+
+    save_settings(AppSettings(active_pair="gone"))
+    engine = FakeEngine(failing_sources={"/models/gone.gguf": ModelLoadError("Model file not found: /models/gone.gguf")})
+    window = make_window(engine)
+    qtbot.waitUntil(lambda: window.client.pair is not None, timeout=5000)
+    assert window.client.pair.config.name == "demo"
+    banner = window.pane.banner.text
+    assert "Could not load “gone”" in banner and "Using the demo pair instead" in banner
+    send_and_wait(qtbot, window, "Hello")
+
+
+def test_new_chat_stores_nothing_until_its_first_message(ready_window, qtbot):
+    window = ready_window()
+    for _ in range(3):
+        window.new_action.trigger()
+    assert window.store.list_conversations() == []
+    send_and_wait(qtbot, window, "Now it counts")
+    assert [c.title for c in window.store.list_conversations()] == ["Now it counts"]
+    assert window.conversations.list.count() == 1
+
+
+def test_a_message_sent_while_the_pair_loads_is_sent_when_it_is_ready(make_window, qtbot):
+    engine = FakeEngine(load_delay_s=0.5)
+    window = make_window(engine)
+    send(qtbot, window, "Typed during the load")
+    assert "sent when the model pair is ready" in window.pane.send_notice.text()
+    assert window.pane.send_notice.isVisible()
+    with qtbot.waitSignal(window.client.finished, timeout=5000):
+        pass
+    assert [m.content for m in engine.requests[-1][0]] == ["Typed during the load"]
+    assert not window.pane.send_notice.isVisible()
+    assert window.pane.input.toPlainText() == ""
+
+
+def test_line_breaks_of_a_poem_are_kept_without_colouring(ready_window, qtbot):
+    poem = "Roses are red,\nviolets are blue,\ndrafts are quick,\nand targets are true."
+    window = ready_window(FakeEngine(reply=poem))
+    send_and_wait(qtbot, window, "A poem please")
+    assert shown_markdown(last_reply(window)).splitlines() == poem.splitlines()

@@ -116,3 +116,10 @@ def test_a_downloaded_model_joins_the_lists_and_the_settings(ready_window, qtbot
         picker.download_button.click()
     assert picker.target.findData("HuggingFaceTB/SmolLM2-360M-Instruct") >= 0
     assert load_settings()[0].models == ["HuggingFaceTB/SmolLM2-360M-Instruct"]
+
+
+def test_method_labels_say_what_a_method_is_not_which_is_fastest():
+    # Which method is fastest depends on the machine and the pair: the speed panel and the bench measure it.
+    from app.settings_dialog import METHOD_LABELS
+
+    assert not any("fast" in label for label in METHOD_LABELS.values())

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from app.storage import COMPLETE, INTERRUPTED, STREAMING, ChatStore
+from app.storage import COMPLETE, INTERRUPTED, STREAMING, ChatStore, open_chat_store
 
 
 def test_conversations_can_be_created_renamed_searched_and_deleted(tmp_path):
@@ -57,3 +57,40 @@ def test_app_state_round_trips(tmp_path):
     store.set_state("selected_conversation", "3")
     store.set_state("selected_conversation", "4")
     assert ChatStore(tmp_path / "chats.sqlite3").state("selected_conversation") == "4"
+
+
+def test_a_file_that_is_not_a_database_is_kept_aside_and_a_fresh_store_starts(tmp_path):
+    path = tmp_path / "chats.sqlite3"
+    garbage = bytes(range(256)) * 64
+    path.write_bytes(garbage)
+
+    store, warning = open_chat_store(path)
+
+    assert store.list_conversations() == []
+    store.create_conversation("New")  # the fresh store works
+    kept = [p for p in tmp_path.iterdir() if p.name.startswith("chats-set-aside-")]
+    assert len(kept) == 1 and kept[0].read_bytes() == garbage  # renamed, never deleted
+    assert str(kept[0]) in warning and "not a database" in warning
+
+
+def test_chats_from_a_newer_schema_are_kept_aside_untouched(tmp_path):
+    path = tmp_path / "chats.sqlite3"
+    newer = sqlite3.connect(path)
+    newer.execute("CREATE TABLE conversations (id INTEGER PRIMARY KEY, shape TEXT)")
+    newer.execute("PRAGMA user_version=7")
+    newer.commit()
+    newer.close()
+
+    store, warning = open_chat_store(path)
+
+    assert store.list_conversations() == []
+    kept = next(p for p in tmp_path.iterdir() if p.name.startswith("chats-set-aside-"))
+    assert sqlite3.connect(kept).execute("PRAGMA user_version").fetchone() == (7,)
+    assert "newer version of Tandem" in warning and str(kept) in warning
+
+
+def test_a_healthy_store_opens_without_a_warning(tmp_path):
+    ChatStore(tmp_path / "chats.sqlite3").create_conversation("Kept")
+    store, warning = open_chat_store(tmp_path / "chats.sqlite3")
+    assert warning is None
+    assert [c.title for c in store.list_conversations()] == ["Kept"]

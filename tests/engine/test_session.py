@@ -12,23 +12,12 @@ from engine.errors import ContextOverflowError, PromptError
 from engine.events import Finished, PromptPrepared, Provenance, StatsUpdate, TextDelta
 from engine.models import LoadedModel
 from engine.session import LoadedPair
-from tests.engine.tiny_models import tiny_llama
-
-WORDS = [f"w{i}" for i in range(60)]  # with 4 special tokens: a 64-token vocabulary
-TEMPLATE = (
-    "{% for m in messages %}<s> {{ m['content'] }} </s> {% endfor %}"
-    "{% if add_generation_prompt %}<s>{% endif %}"
-)
+from tests.engine.tiny_models import TEMPLATE, WORDS, tiny_llama, tiny_word_pair
 
 
 @pytest.fixture
 def tiny_pair(make_word_tokenizer):
-    tokenizer = make_word_tokenizer(WORDS, chat_template=TEMPLATE, eos_token="<pad>")
-    model = tiny_llama(seed=3, vocab_size=64)
-    loaded = LoadedModel(model, tokenizer, torch.device("cpu"), torch.float32, "fp32", "tiny", context_length=96)
-    pair = LoadedPair(PairConfig("tiny", ModelSpec("tiny")), loaded, None)
-    pair.stop_token_ids = frozenset()  # tests stop by budget, or pick their own stop token
-    return pair
+    return tiny_word_pair(make_word_tokenizer)
 
 
 def run(generation) -> list:
@@ -153,3 +142,54 @@ def test_trees_are_calibrated_once_at_load_so_no_reply_waits_for_it(make_word_to
     for method in ("tree", "staged"):
         events = run(pair.generate([Message("user", "w1 w2 w3")], DecodeSettings(method=method, max_new_tokens=8)))
         assert len(events[-1].token_ids) == 8
+
+
+def test_plain_decoding_makes_one_token_per_target_call_when_a_stop_token_ends_it(tiny_pair):
+    # The call that produced the stop token counts, so the stop token counts too (issue 13: `ar` showed 0.88).
+    first = run(tiny_pair.generate([Message("user", "w9")], DecodeSettings(method="ar", max_new_tokens=5)))[-1]
+    tiny_pair.stop_token_ids = frozenset({first.token_ids[2]})
+    finished = run(tiny_pair.generate([Message("user", "w9")], DecodeSettings(method="ar", max_new_tokens=5)))[-1]
+    assert finished.stop_reason == "eos"
+    assert finished.stats.tokens_generated == 2
+    assert finished.stats.target_calls == 3
+    assert finished.stats.mean_accepted_per_target_call == 1.0
+    assert finished.stats.target_calls_saved == 0
+
+
+def interrupt_target_call(pair, call: int) -> None:
+    """Make the target's `call`-th forward raise KeyboardInterrupt, as Ctrl-C does mid-round."""
+    forward = pair.target_runner.forward
+    calls = 0
+
+    def interrupted_forward(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == call:
+            raise KeyboardInterrupt
+        return forward(*args, **kwargs)
+
+    pair.target_runner.forward = interrupted_forward
+
+
+def test_an_interrupted_generation_keeps_the_reply_streamed_so_far(tiny_pair):
+    interrupt_target_call(tiny_pair, 5)  # `ar`: four tokens streamed, then Ctrl-C
+    generation = tiny_pair.generate([Message("user", "w1 w2")], DecodeSettings(method="ar", max_new_tokens=20))
+    streamed: list[int] = []
+    with pytest.raises(KeyboardInterrupt):
+        for event in generation:
+            if isinstance(event, TextDelta):
+                streamed += event.token_ids
+    finished = generation.result_so_far()
+    assert len(streamed) == 4
+    assert finished.stop_reason == "stopped"
+    assert finished.token_ids == tuple(streamed)
+    assert finished.text == tiny_pair.tokenizer.decode(streamed, skip_special_tokens=True)
+    assert finished.stats.tokens_generated == 4
+
+
+def test_a_generation_runs_once_and_refuses_a_second_iteration(tiny_pair):
+    generation = tiny_pair.generate([Message("user", "w1 w2")], DecodeSettings(max_new_tokens=4))
+    for event in generation:
+        generation.stop()
+    with pytest.raises(RuntimeError, match="already ran"):
+        list(generation)

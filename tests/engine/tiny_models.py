@@ -4,7 +4,16 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from engine.config import ModelSpec, PairConfig
+from engine.models import LoadedModel
 from engine.runtime.torch_eager import TorchRuntime
+from engine.session import LoadedPair
+
+WORDS = [f"w{i}" for i in range(60)]  # with 4 special tokens: a 64-token vocabulary
+TEMPLATE = (
+    "{% for m in messages %}<s> {{ m['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<s>{% endif %}"
+)
 
 
 def tiny_llama(seed: int, vocab_size: int = 64, layers: int = 2, hidden: int = 32) -> LlamaForCausalLM:
@@ -49,3 +58,14 @@ def tiny_gguf(model: LlamaForCausalLM, folder, precision: str = "f32"):
     model.save_pretrained(folder)
     PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>").save_pretrained(folder)
     return export_gguf(folder, precision=precision)
+
+
+def tiny_word_pair(make_word_tokenizer) -> LoadedPair:
+    """A target-only pair over a tiny random Llama and a whole-word tokenizer (WORDS), with no
+    stop token: tests stop by budget, or pick their own stop token."""
+    tokenizer = make_word_tokenizer(WORDS, chat_template=TEMPLATE, eos_token="<pad>")
+    model = tiny_llama(seed=3, vocab_size=64)
+    loaded = LoadedModel(model, tokenizer, torch.device("cpu"), torch.float32, "fp32", "tiny", context_length=96)
+    pair = LoadedPair(PairConfig("tiny", ModelSpec("tiny")), loaded, None)
+    pair.stop_token_ids = frozenset()
+    return pair

@@ -1,0 +1,47 @@
+"""The chat view keeps the newest message in sight, whatever came before it."""
+from __future__ import annotations
+
+import pytest
+from PySide6.QtWidgets import QApplication
+
+from tests.app.fake_engine import FakeEngine
+from tests.app.helpers import last_reply, send_and_wait
+
+LONG_MESSAGE = " ".join(f"word{i}" for i in range(6000))  # about 40,000 characters
+
+
+def shows_at_the_bottom(window, widget) -> bool:
+    """Whether `widget` is wholly inside the chat's viewport, and nothing but margin below it."""
+    QApplication.processEvents()
+    viewport = window.pane.view.viewport()
+    top = widget.mapTo(viewport, widget.rect().topLeft()).y()
+    bottom = top + widget.height()
+    return 0 <= top and bottom <= viewport.height() and viewport.height() - bottom < 60
+
+
+@pytest.mark.parametrize("speed_panel", ["shown", "hidden"])
+def test_replies_after_a_very_long_message_stream_in_view(ready_window, qtbot, speed_panel):
+    window = ready_window(FakeEngine(reply="A short reply."))
+    window.speed_panel.setVisible(speed_panel == "shown")
+    send_and_wait(qtbot, window, LONG_MESSAGE)
+    seen_while_streaming: list[bool] = []
+    window.client.text_delta.connect(lambda *_: seen_while_streaming.append(shows_at_the_bottom(window, last_reply(window))))
+    send_and_wait(qtbot, window, "And now a short question")
+    assert seen_while_streaming and all(seen_while_streaming[1:])
+    assert shows_at_the_bottom(window, last_reply(window))
+
+
+def test_after_a_restart_the_last_reply_of_a_long_conversation_is_in_view(make_window, qtbot, tandem_home):
+    window = make_window(FakeEngine(reply="A short reply."))
+    qtbot.waitUntil(lambda: window.client.pair is not None, timeout=5000)
+    send_and_wait(qtbot, window, LONG_MESSAGE)
+    send_and_wait(qtbot, window, "And now a short question")
+    window.close()
+    # The offscreen screen is 800 pixels wide, and a restored window keeps to it; without the
+    # saved layout the window opens at its default width, and the wider the view, the more
+    # space a long message used to leave blank below the conversation.
+    (tandem_home / "config" / "window.ini").unlink()
+
+    again = make_window(FakeEngine(reply="A short reply."))
+    qtbot.waitUntil(lambda: again.client.pair is not None, timeout=5000)
+    assert shows_at_the_bottom(again, last_reply(again))
