@@ -29,7 +29,7 @@ from ..bench import read_prompts
 from ..compat import check_pair_compatible
 from ..config import ConfigError, ModelSpec
 from ..errors import ModelLoadError
-from ..gguf_export import export_gguf
+from ..gguf_export import DRAFT_PRECISION, export_gguf
 from ..models import LoadedModel, load_model, load_tokenizer_only, resolve_source
 from .data import GenerationSettings, generate_split, load_split, split_prompts
 from .model import INITS, PRESETS, build_draft, forward_ms, shape_summary
@@ -226,7 +226,7 @@ class Distillation:
             target.tokenizer.save_pretrained(self.out_dir)
         check_pair_compatible(target.tokenizer, load_tokenizer_only(ModelSpec(str(self.out_dir))))
         try:
-            export_gguf(self.out_dir)  # so that the llama.cpp runtime can run the draft too
+            export_gguf(self.out_dir, precision=DRAFT_PRECISION)  # so that the llama.cpp runtime can run the draft too
         except ModelLoadError as error:  # a tokenizer GGUF export cannot write: torch still runs it
             print(f"tandem distill: no GGUF written ({error})", file=sys.stderr)
 
