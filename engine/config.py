@@ -9,7 +9,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-PRECISIONS = ("auto", "int8", "bf16", "fp16", "fp32")
+# int8: bitsandbytes' LLM.int8 (torch), Q8_0 (llama.cpp). int8-wo: weight-only int8 with a
+# scale per output channel, plain tensor ops that CUDA graphs capture (engine/int8_weights.py).
+PRECISIONS = ("auto", "int8", "int8-wo", "bf16", "fp16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
 # Which runtime runs a pair's models: "auto" is llama.cpp for a model that has a GGUF file
 # (when llama-cpp-python is installed), torch for everything else.
@@ -26,8 +28,10 @@ VERIFIERS = ("token", "block")
 # output drifts from greedy target-only output at near-ties (docs/BENCHMARKS.md has the
 # measurement). fp32 keeps the exactness promise; bf16 stays one click away.
 CPU_DEFAULT_PRECISION = "fp32"
-# On a GPU, memory is the scarce resource; int8 halves it at a small cost in quality.
-CUDA_DEFAULT_PRECISION = "int8"
+# On a GPU, memory is the scarce resource; 8-bit weights halve it at a small cost in
+# quality. Weight-only int8 runs under CUDA graphs: 218 tok/s for the demo target on an H100,
+# where bitsandbytes' LLM.int8 (eager only) ran ~10 and bf16 302 (docs/BENCHMARKS.md).
+CUDA_DEFAULT_PRECISION = "int8-wo"
 # A draft's rounding never reaches the output: the target verifies every token it proposes.
 # bf16 runs the demo draft's one-token forward 1.6x faster than fp32 on the development CPU
 # (docs/BENCHMARKS.md), and a small draft gains nothing from int8 on a GPU.

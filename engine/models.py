@@ -32,7 +32,9 @@ from .errors import ModelLoadError, OutOfMemoryError
 from .paths import cache_dir
 from .runtime import ModelRuntime
 from .runtime import llamacpp_library
+from .int8_weights import quantise_weight_only
 from .runtime.torch_eager import TorchRuntime
+from .runtime.torch_static import StaticTorchRuntime, runs_static
 
 ProgressCallback = Callable[[str, "float | None"], None]
 
@@ -77,6 +79,7 @@ class LoadedModel:
     context_length: int
     folder: Path | None = None  # where its files are, for companions such as an n-gram table
     runtime: str = "torch"
+    gpu_layers: int = 0  # llama.cpp: how many layers it offloaded to a GPU (-1: all)
     runtime_factory: Callable[[], ModelRuntime] | None = None
     extra_stop_ids: frozenset[int] = frozenset()  # end-of-turn ids the weights' own metadata names
     release: Callable[[], None] | None = None  # frees what the garbage collector cannot see
@@ -84,6 +87,9 @@ class LoadedModel:
     def open_runtime(self) -> ModelRuntime:
         if self.runtime_factory is not None:
             return self.runtime_factory()
+        if captures_graphs(self.model, self.device):
+            # Room past the context for the last round's tree (its budget is at most 64 tokens).
+            return StaticTorchRuntime(self.model, self.device, self.context_length + 128)
         return TorchRuntime(self.model, self.device)
 
     @property
@@ -121,6 +127,7 @@ def load_model(
     report("Loading weights…", None)
     model = _load_weights(folder, device, precision)
     return LoadedModel(
+        runtime="torch + CUDA graphs" if captures_graphs(model, device) else "torch",
         model=model,
         tokenizer=tokenizer,
         device=device,
@@ -182,6 +189,7 @@ def _load_with_llamacpp(spec: ModelSpec, gguf: Path, report: ProgressCallback, a
         context_length=context_length,
         folder=folder,
         runtime="llama.cpp" + (" (GPU)" if weights.gpu_layers else ""),
+        gpu_layers=weights.gpu_layers,
         runtime_factory=lambda: LlamaCppRuntime(weights, context_length),
         extra_stop_ids=weights.eos_token_ids,
         release=weights.close,
@@ -449,13 +457,24 @@ def _load_weights(folder: Path, device: torch.device, precision: str) -> PreTrai
     except READ_ERRORS as error:
         raise ModelLoadError(f"Could not load the model in {folder}: {error}") from error
     model.eval()
+    if precision == "int8-wo":
+        quantise_weight_only(model)
     return model
+
+
+def captures_graphs(model: PreTrainedModel, device: torch.device) -> bool:
+    """On CUDA, torch models run as captured graphs over a static cache wherever they can:
+    an eager forward there costs 25-30 ms of launches whatever its size. TANDEM_CUDA_GRAPHS=0
+    keeps the eager runtime (to compare the two)."""
+    return device.type == "cuda" and runs_static(model) and os.environ.get("TANDEM_CUDA_GRAPHS", "1") != "0"
 
 
 def _precision_options(precision: str) -> dict[str, Any]:
     if precision == "int8":
         # bitsandbytes 0.50 runs int8 matmuls on the CPU as well as on CUDA (checked here with the demo model).
         return {"quantization_config": BitsAndBytesConfig(load_in_8bit=True), "dtype": INT8_COMPANION_DTYPE}
+    if precision == "int8-wo":
+        return {"dtype": torch.bfloat16}  # quantised after loading (`quantise_weight_only`)
     return {"dtype": FLOAT_DTYPES[precision]}
 
 

@@ -353,6 +353,10 @@ def load_pair(config: PairConfig, progress: ProgressCallback | None = None) -> L
         draft = load_model(config.draft, progress, as_draft=True, runtime=config.runtime)
         check_pair_compatible(target.tokenizer, draft.tokenizer)
     pair = LoadedPair(config, target, draft)
+    for runner in (pair.target_runner, pair.draft_runner):
+        if runner is not None and runner.warm_up_message:
+            report(runner.warm_up_message, None)
+            runner.warm_up()
     if pair.auto_tree_shapes:
         report("Measuring what verifying a token tree costs on this device…", None)
         pair.calibrate_trees()

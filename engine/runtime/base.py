@@ -120,6 +120,13 @@ class ModelRuntime(ABC):
     def close(self) -> None:
         """Free what the runtime holds outside Python's memory (a llama.cpp context)."""
 
+    #: what `warm_up` does, for the loading progress line (None: nothing to do)
+    warm_up_message: str | None = None
+
+    def warm_up(self) -> None:
+        """Do once, while a pair loads, the work that would otherwise slow the first reply
+        (capturing CUDA graphs, say)."""
+
     def reset(self) -> None:
         self._clear()
         self.cached_ids = []

@@ -32,7 +32,7 @@ NEEDED_CONTEXT_FIELDS = ("n_seq_max", "kv_unified", "n_threads", "n_threads_batc
 INSTALL_HINT = f"pip install llama-cpp-python=={TESTED_VERSION} (it compiles, about 5 minutes)"
 
 # llama.cpp's file types for `llama_model_quantize`, by Tandem's precision names.
-QUANTISED_FILE_TYPES = {"int8": (7, "Q8_0"), "fp16": (1, "F16"), "bf16": (32, "BF16"), "fp32": (0, "F32")}
+QUANTISED_FILE_TYPES = {"int8": (7, "Q8_0"), "int8-wo": (7, "Q8_0"), "fp16": (1, "F16"), "bf16": (32, "BF16"), "fp32": (0, "F32")}
 
 _KEPT_LOG_LEVELS = (3, 4)  # ggml's WARN and ERROR; DEBUG, INFO and continuations are dropped
 _recent_log: deque[str] = deque(maxlen=40)

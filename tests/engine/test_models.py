@@ -194,9 +194,9 @@ def test_cached_repo_id_loads_offline(private_hub_cache, tiny_model_folder):
 # Precision and device
 
 
-def test_auto_precision_is_int8_on_cuda_fp32_on_cpu_and_bf16_for_drafts():
+def test_auto_precision_is_weight_only_int8_on_cuda_fp32_on_cpu_and_bf16_for_drafts():
     assert resolve_precision("auto", torch.device("cpu")) == CPU_DEFAULT_PRECISION == "fp32"
-    assert resolve_precision("auto", torch.device("cuda")) == "int8"
+    assert resolve_precision("auto", torch.device("cuda")) == "int8-wo"
     assert resolve_precision("fp16", torch.device("cpu")) == "fp16"
     # A draft's precision cannot change the output, only its speed.
     assert resolve_precision("auto", torch.device("cpu"), as_draft=True) == "bf16"
@@ -235,3 +235,16 @@ def test_a_new_transformers_version_converts_the_gguf_afresh(demo_target_path, m
     before = _converted_folder(demo_target_path)
     monkeypatch.setattr(transformers, "__version__", "99.0.0")
     assert _converted_folder(demo_target_path) != before
+
+
+def test_weight_only_int8_loads_as_int8_layers_that_the_static_runtime_runs(tiny_model_folder):
+    from engine.int8_weights import Int8Linear
+    from engine.runtime.torch_static import StaticTorchRuntime
+
+    loaded = load_model(ModelSpec(str(tiny_model_folder), precision="int8-wo", device="cpu"))
+    assert loaded.precision == "int8-wo" and loaded.runtime == "torch"  # no CUDA here: eager
+    assert isinstance(loaded.model.model.layers[0].self_attn.q_proj, Int8Linear)
+    assert loaded.model.model.layers[0].self_attn.q_proj.weight.dtype == torch.int8
+    eager_logits = loaded.open_runtime().forward([1, 2, 3], logits_wanted=3)
+    static_logits = StaticTorchRuntime(loaded.model, loaded.device, 64, graphs=False).forward([1, 2, 3], logits_wanted=3)
+    assert torch.allclose(eager_logits, static_logits, atol=1e-3)

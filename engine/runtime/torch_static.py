@@ -1,0 +1,261 @@
+"""The torch runtime for CUDA: a preallocated KV cache written at explicit slots, and each
+forward captured once as a CUDA graph per token-count bucket, then replayed.
+
+Why: an eager forward on a GPU is launch-bound (25-30 ms for the demo target whatever the
+token count, docs/BENCHMARKS.md) while a replayed graph costs a few ms, so only with graphs
+is a draft call cheap next to a target call and a tree nearly free to verify.
+
+Shapes must not change between replays, so everything a forward reads lives in static
+buffers: the token ids, their positions, the cache slot each one writes, and a boolean
+(tokens x cache rows) matrix saying which rows each token sees (its ancestors and
+itself). A forward of n tokens pads up to its bucket (1, 2, 4, ... 64); padding tokens write
+to scratch rows at the front of the cache and see only themselves, so they disturb nothing.
+Longer forwards (a prompt) run in bucket-sized chunks. Attention reads only a window of the
+cache wide enough for the tokens so far (256, 512, ... rows): over a whole 8k-token cache it
+took two thirds of a one-token forward of the demo target on an H100. So a graph is one
+(token bucket, key window) pair, the small windows captured while the pair loads and the
+wider ones when a conversation first grows into them.
+
+The model's own modules (embeddings, norms, projections, MLPs, rotary embedding) do the
+arithmetic; only attention and the cache are ours, because transformers' StaticCache writes
+at an internal counter rather than at given positions (which a tree needs).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from .base import ModelRuntime
+from .torch_eager import keeps_every_position
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+SCRATCH_ROWS = BUCKETS[-1]  # cache rows 0..63 take padding tokens; slot s lives in row 64 + s
+SMALLEST_WINDOW = 256
+WARM_WINDOWS = 1024  # key windows up to this wide are captured while the pair loads
+# Families whose decoder layer is Llama's (norm, q/k/v/o projections, norm, MLP); the
+# projections may carry biases (Qwen2). Sliding-window models are excluded by
+# `keeps_every_position`.
+LLAMA_LAYOUT_TYPES = {"llama", "mistral", "qwen2"}
+
+
+def runs_static(model: torch.nn.Module) -> bool:
+    """Whether this runtime can run `model`: a Llama-layout decoder whose layers are plain
+    modules (bitsandbytes' int8 layers cannot be captured and stay on the eager runtime)."""
+    config = model.config
+    if config.model_type not in LLAMA_LAYOUT_TYPES or not keeps_every_position(model):
+        return False
+    if getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False):
+        return False
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    return bool(layers) and all(not hasattr(layer.self_attn, "q_norm") for layer in layers)
+
+
+class StaticCacheForward:
+    """One forward of a Llama-layout model over a preallocated KV cache of `rows` rows."""
+
+    def __init__(self, model: torch.nn.Module, rows: int, device: torch.device):
+        self.model = model
+        self.rows = rows
+        config = model.config
+        attention = model.model.layers[0].self_attn
+        dtype = model.dtype  # the compute dtype (an int8 weight-only model computes in bf16)
+        kv_heads = config.num_key_value_heads
+        shape = (1, kv_heads, rows, attention.head_dim)
+        with torch.inference_mode():
+            self.cache = [
+                (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                for _ in model.model.layers
+            ]
+
+    @property
+    def cache_bytes(self) -> int:
+        return sum(keys.numel() * keys.element_size() * 2 for keys, _ in self.cache)
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        """ids, positions, rows: (n,); visible: (n, window) bool over the cache's first
+        `window` rows. Writes each token's keys and values at its row, then attends within
+        the window. Returns (n, V) logits in the model's dtype."""
+        decoder = self.model.model
+        count, window = visible.shape
+        hidden = decoder.embed_tokens(ids[None])  # (1, n, H)
+        cos, sin = decoder.rotary_emb(hidden, positions[None])
+        mask = visible[None, None]  # (1, 1, n, window)
+        for layer, (keys, values) in zip(decoder.layers, self.cache):
+            attention = layer.self_attn
+            x = layer.input_layernorm(hidden)
+            heads = (1, count, -1, attention.head_dim)
+            query = attention.q_proj(x).view(heads).transpose(1, 2)
+            key = attention.k_proj(x).view(heads).transpose(1, 2)
+            value = attention.v_proj(x).view(heads).transpose(1, 2)
+            query, key = apply_rotary_pos_emb(query, key, cos, sin)
+            keys.index_copy_(2, rows, key)
+            values.index_copy_(2, rows, value)
+            attended = _attend(query, keys[:, :, :window], values[:, :, :window], mask, attention.scaling)
+            hidden = hidden + attention.o_proj(attended.transpose(1, 2).reshape(1, count, -1))
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return self.model.lm_head(decoder.norm(hidden))[0]
+
+    def move(self, source: torch.Tensor, destination: torch.Tensor) -> None:
+        for keys, values in self.cache:
+            # The right-hand side is gathered before the write, so overlaps are safe.
+            keys[:, :, destination] = keys[:, :, source]
+            values[:, :, destination] = values[:, :, source]
+
+
+def _attend(query, keys, values, mask, scale):
+    # Grouped-query attention reads each key/value head for its group of query heads, rather
+    # than copying the whole cache once per group every call.
+    return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+
+
+class StaticTorchRuntime(ModelRuntime):
+    """A torch model over a static KV cache; on CUDA each (token bucket, key window) forward
+    is a CUDA graph (`graphs=False` runs the same static forward eagerly: the CPU tests
+    check it against the eager runtime)."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device, capacity: int, graphs: bool | None = None):
+        super().__init__(model.get_output_embeddings().weight.shape[0])
+        self.device = device
+        self.graphs_enabled = device.type == "cuda" if graphs is None else graphs
+        self.name = "torch + CUDA graphs" if self.graphs_enabled else "torch (static cache)"
+        self.capacity = capacity
+        rows = SCRATCH_ROWS + capacity
+        self.windows = _windows(rows)
+        self.forward_pass = StaticCacheForward(model, rows, device)
+        widest = BUCKETS[-1]
+        with torch.inference_mode():
+            # One set of input buffers; a graph reads the first rows (and columns) it needs.
+            self.ids = torch.zeros(widest, dtype=torch.long, device=device)
+            self.positions = torch.zeros(widest, dtype=torch.long, device=device)
+            self.rows = torch.zeros(widest, dtype=torch.long, device=device)
+            self.visible = torch.zeros(widest, rows, dtype=torch.bool, device=device)
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = torch.cuda.graph_pool_handle() if self.graphs_enabled else None
+
+    # ModelRuntime
+
+    def _run_chain(self, new_ids: list[int], logits_wanted: int) -> torch.Tensor:
+        start, count = len(self), len(new_ids)
+        columns = torch.arange(start + count)
+        visible = columns[None, :] <= torch.arange(start, start + count)[:, None]  # causal
+        return self._run(new_ids, list(range(start, start + count)), visible, logits_wanted)
+
+    def _run_tree(self, new_ids: list[int], parents: list[int], positions: list[int], logits_wanted: int) -> torch.Tensor:
+        past = len(self)
+        visible = torch.zeros(len(new_ids), past + len(new_ids), dtype=torch.bool)  # token x slot
+        for row, parent in enumerate(parents):
+            if parent >= past:
+                visible[row] = visible[parent - past]
+            elif parent >= 0:
+                last_chain_slot, branch = self.ancestors(parent)
+                visible[row, : last_chain_slot + 1] = True
+                visible[row, branch] = True
+            visible[row, past + row] = True
+        return self._run(new_ids, positions, visible, logits_wanted)
+
+    def _keep(self, prefix: int, extra_slots: list[int]) -> None:
+        moved = [(slot, prefix + offset) for offset, slot in enumerate(extra_slots) if slot != prefix + offset]
+        if moved:
+            source = torch.tensor([SCRATCH_ROWS + slot for slot, _ in moved], device=self.device)
+            destination = torch.tensor([SCRATCH_ROWS + to for _, to in moved], device=self.device)
+            with torch.inference_mode():
+                self.forward_pass.move(source, destination)
+        # Rows past the kept slots are simply overwritten later: no token sees them until then.
+
+    def _clear(self) -> None:
+        pass  # stale rows are never visible; the next tokens overwrite them
+
+    # Running
+
+    def _run(self, new_ids: list[int], positions: list[int], visible: torch.Tensor, logits_wanted: int) -> torch.Tensor:
+        """`visible`: (tokens, slots) bool over the slots up to the last new token."""
+        start, count = len(self), len(new_ids)
+        if start + count > self.capacity:
+            raise ValueError(f"the context is full: {start + count} tokens do not fit this model's {self.capacity}")
+        pieces = []
+        widest = BUCKETS[-1]
+        first_wanted = count - logits_wanted
+        for begin in range(0, count, widest):
+            end = min(begin + widest, count)
+            logits = self._run_chunk(new_ids[begin:end], positions[begin:end], start + begin, visible[begin:end, : start + end])
+            if end > first_wanted:
+                pieces.append(logits[max(first_wanted - begin, 0):])
+        return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+
+    def _run_chunk(self, ids: list[int], positions: list[int], first_slot: int, visible: torch.Tensor) -> torch.Tensor:
+        count, slots = visible.shape
+        bucket = next(size for size in BUCKETS if size >= count)
+        window = next(width for width in self.windows if width >= SCRATCH_ROWS + slots)
+        padding = bucket - count
+        rows = list(range(SCRATCH_ROWS + first_slot, SCRATCH_ROWS + first_slot + count)) + list(range(padding))
+        padded_visible = torch.zeros(bucket, window, dtype=torch.bool)
+        padded_visible[:count, SCRATCH_ROWS : SCRATCH_ROWS + slots] = visible
+        padded_visible[torch.arange(count, bucket), torch.arange(padding)] = True  # padding sees itself only
+        with torch.inference_mode():
+            self.ids[:bucket].copy_(torch.tensor(ids + [0] * padding), non_blocking=True)
+            self.positions[:bucket].copy_(torch.tensor(positions + [0] * padding), non_blocking=True)
+            self.rows[:bucket].copy_(torch.tensor(rows), non_blocking=True)
+            self.visible[:bucket, :window].copy_(padded_visible, non_blocking=True)
+            if self.graphs_enabled:
+                graph, logits = self._graph(bucket, window)
+                graph.replay()
+            else:
+                logits = self._forward(bucket, window)
+            # A copy: the next replay reuses the graph's output memory.
+            return logits[:count].to(torch.float32, copy=True)
+
+    def _forward(self, bucket: int, window: int) -> torch.Tensor:
+        return self.forward_pass(self.ids[:bucket], self.positions[:bucket], self.rows[:bucket], self.visible[:bucket, :window])
+
+    def _graph(self, bucket: int, window: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        if (bucket, window) not in self.graphs:
+            self.graphs[bucket, window] = self._capture(bucket, window)
+        return self.graphs[bucket, window]
+
+    def _capture(self, bucket: int, window: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        # Capture over padding-only inputs (scratch rows, each seeing itself), so the warm-up
+        # and capture forwards write nothing a real token will read. The real inputs are
+        # copied in again before the first replay.
+        buffers = (self.ids, self.positions, self.rows, self.visible)
+        saved = [buffer[:bucket].clone() for buffer in buffers]
+        self.ids[:bucket].zero_()
+        self.positions[:bucket].zero_()
+        self.rows[:bucket].copy_(torch.arange(bucket))
+        self.visible[:bucket].zero_()
+        self.visible[:bucket, :bucket].fill_diagonal_(True)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture stream, as CUDA graphs require
+            for _ in range(2):
+                self._forward(bucket, window)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = self._forward(bucket, window)
+        for buffer, values in zip(buffers, saved):
+            buffer[:bucket].copy_(values)
+        return graph, logits
+
+    @property
+    def warm_up_message(self) -> str | None:
+        return "Capturing CUDA graphs of the forwards…" if self.graphs_enabled else None
+
+    def warm_up(self) -> None:
+        """Capture the graphs of short conversations now, while the pair loads, rather than
+        during a reply; wider key windows are captured when a conversation reaches them."""
+        if self.graphs_enabled:
+            with torch.inference_mode():
+                for window in self.windows:
+                    if window <= WARM_WINDOWS:
+                        for bucket in BUCKETS:
+                            self._graph(bucket, window)
+
+
+def _windows(rows: int) -> tuple[int, ...]:
+    """Key windows: powers of two from SMALLEST_WINDOW, and the whole cache last."""
+    widths, width = [], SMALLEST_WINDOW
+    while width < rows:
+        widths.append(width)
+        width *= 2
+    return (*widths, rows)

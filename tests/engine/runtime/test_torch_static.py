@@ -1,0 +1,175 @@
+"""The static-cache torch runtime (graph-captured on CUDA) against the eager one.
+
+On the CPU the same static forward runs uncaptured: its cache writes, tree masks, padding,
+chunking and compaction must give the eager runtime's logits. Graph replay itself is checked
+against the uncaptured forward where a CUDA GPU is present.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from engine.chat_prompt import Message
+from engine.config import DecodeSettings, ModelSpec, PairConfig
+from engine.int8_weights import quantise_weight_only, weight_bytes
+from engine.models import LoadedModel
+from engine.runtime.torch_eager import TorchRuntime
+from engine.runtime.torch_static import BUCKETS, StaticTorchRuntime, runs_static
+from engine.session import LoadedPair
+from engine.tree import TokenTree, forward_tree, keep_path
+
+from ..tiny_models import WORDS, TEMPLATE, tiny_llama
+
+VOCAB = 64
+TOLERANCE = 1e-4
+
+
+def static(model, capacity=400, device="cpu", graphs=False) -> StaticTorchRuntime:
+    return StaticTorchRuntime(model, torch.device(device), capacity, graphs=graphs)
+
+
+def eager(model) -> TorchRuntime:
+    return TorchRuntime(model, torch.device("cpu"))
+
+
+def random_tree(rng: random.Random, root: int, size: int) -> TokenTree:
+    tokens, parents = [root], [-1]
+    for _ in range(size):
+        parent = rng.randrange(len(tokens))
+        taken = {tokens[node] for node in range(len(tokens)) if parents[node] == parent}
+        token = rng.choice([t for t in range(VOCAB) if t not in taken])
+        tokens.append(token)
+        parents.append(parent)
+    return TokenTree(tokens, parents)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_static_cache_gives_the_eager_logits_through_chains_trees_and_kept_paths(seed):
+    rng = random.Random(seed)
+    model = tiny_llama(seed=seed, vocab_size=VOCAB)
+    runtimes = (eager(model), static(model))
+    context = [rng.randrange(VOCAB) for _ in range(rng.randrange(3, 20))]
+    first = [runtime.forward(context, logits_wanted=3) for runtime in runtimes]
+    assert torch.allclose(first[0], first[1], atol=TOLERANCE)
+    for _ in range(4):
+        tree = random_tree(rng, context[-1], rng.randrange(1, 12))
+        logits = [forward_tree(runtime, context, tree) for runtime in runtimes]
+        assert torch.allclose(logits[0], logits[1], atol=TOLERANCE)
+        path = tree.path(rng.randrange(len(tree)))
+        for runtime in runtimes:
+            keep_path(runtime, len(context), path)
+        context = context + [tree.tokens[node] for node in path]
+        following = [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 4))]
+        logits = [runtime.forward(following, logits_wanted=len(following)) for runtime in runtimes]
+        assert torch.allclose(logits[0], logits[1], atol=TOLERANCE)
+        context += following
+        cut = rng.randrange(1, len(context))
+        for runtime in runtimes:
+            runtime.crop(cut)
+        context = context[:cut]
+        assert runtimes[0].cached_ids == runtimes[1].cached_ids == context
+
+
+def test_a_forward_longer_than_the_widest_bucket_runs_in_chunks():
+    model = tiny_llama(seed=7, vocab_size=VOCAB)
+    prompt = [random.Random(1).randrange(VOCAB) for _ in range(3 * BUCKETS[-1] + 13)]  # past the first key window
+    wanted = BUCKETS[-1] + 20  # spans the last two chunks
+    expected = eager(model).forward(prompt, logits_wanted=wanted)
+    got = static(model).forward(prompt, logits_wanted=wanted)
+    assert got.shape == expected.shape
+    assert torch.allclose(got, expected, atol=TOLERANCE)
+
+
+def test_a_full_context_is_a_clear_error_and_leaves_an_empty_cache():
+    runtime = static(tiny_llama(seed=1, vocab_size=VOCAB), capacity=16)
+    runtime.forward(list(range(10)))
+    with pytest.raises(ValueError, match="context is full"):
+        runtime.forward(list(range(10)))
+    assert len(runtime) == 0
+    runtime.forward([1, 2, 3])  # and it still works
+
+
+def tiny_pair(make_word_tokenizer, runtime_factory) -> LoadedPair:
+    """A tiny target that drafts for itself through a second cache: every draft is right, so
+    rounds verify long chains and trees, and any slip in the cache shows in the output."""
+    tokenizer = make_word_tokenizer(WORDS, chat_template=TEMPLATE, eos_token="<pad>")
+    model = tiny_llama(seed=3, vocab_size=VOCAB)
+
+    def loaded() -> LoadedModel:
+        return LoadedModel(
+            model, tokenizer, torch.device("cpu"), torch.float32, "fp32", "tiny", context_length=200,
+            runtime_factory=lambda: runtime_factory(model),
+        )
+
+    pair = LoadedPair(PairConfig("tiny", ModelSpec("tiny"), ModelSpec("tiny")), loaded(), loaded())
+    pair.stop_token_ids = frozenset()
+    return pair
+
+
+def test_greedy_chain_tree_and_staged_equal_plain_decoding_on_the_static_runtime(make_word_tokenizer):
+    pair = tiny_pair(make_word_tokenizer, lambda model: static(model, capacity=200))
+    replies = {}
+    for method in ("ar", "chain", "tree", "staged"):
+        shape = "8x4" if method in ("tree", "staged") else "auto"
+        settings = DecodeSettings(method=method, max_new_tokens=40, tree_shape=shape)
+        events = list(pair.generate([Message("user", "w1 w2 w3")], settings))
+        replies[method] = events[-1].token_ids
+        if method != "ar":
+            assert events[-1].stats.target_calls < len(replies[method])  # drafts were accepted
+    assert len(replies["ar"]) == 40
+    assert replies["chain"] == replies["tree"] == replies["staged"] == replies["ar"]
+
+
+def test_weight_only_int8_keeps_the_logits_close_in_half_the_memory():
+    model = tiny_llama(seed=5, vocab_size=VOCAB, hidden=64)
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as SmolLM2's are
+    ids = torch.tensor([[5, 9, 11, 40, 2]])
+    with torch.no_grad():
+        reference = model(ids).logits[0]
+    before = weight_bytes(model)
+    quantise_weight_only(model)
+    with torch.no_grad():
+        quantised = model(ids).logits[0]
+    assert weight_bytes(model) <= 0.3 * before  # fp32 -> int8 plus one scale per row
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight  # one shared table
+    error = (quantised - reference).abs().max() / reference.abs().max()
+    assert 0 < error < 0.02  # rounded, and only slightly
+    # and the static runtime runs it: its layers are plain tensor ops
+    assert runs_static(model)
+    assert torch.allclose(static(model).forward(ids[0].tolist(), logits_wanted=5), quantised, atol=TOLERANCE)
+
+
+def test_models_the_static_runtime_cannot_run_stay_on_the_eager_one():
+    model = tiny_llama(seed=1, vocab_size=VOCAB)
+    assert runs_static(model)
+    model.config.sliding_window = 8
+    model.config.use_sliding_window = True
+    assert not runs_static(model)  # compaction by slot assumes every position is kept
+    model = tiny_llama(seed=1, vocab_size=VOCAB)
+    model.is_loaded_in_8bit = True  # bitsandbytes' layers cannot be captured
+    assert not runs_static(model)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_replayed_graphs_give_the_uncaptured_forward_logits(dtype):
+    rng = random.Random(0)
+    model = tiny_llama(seed=2, vocab_size=VOCAB).to("cuda", dtype)
+    captured, uncaptured = static(model, device="cuda", graphs=True), static(model, device="cuda", graphs=False)
+    captured.warm_up()
+    assert {bucket for bucket, _ in captured.graphs} == set(BUCKETS)
+    context = [rng.randrange(VOCAB) for _ in range(200)]  # and the trees cross into a wider key window
+    results = [runtime.forward(context, logits_wanted=2) for runtime in (captured, uncaptured)]
+    assert torch.equal(results[0], results[1])
+    for _ in range(5):
+        tree = random_tree(rng, context[-1], rng.randrange(1, 40))
+        results = [forward_tree(runtime, context, tree) for runtime in (captured, uncaptured)]
+        assert results[0].shape == (len(tree), VOCAB)
+        assert torch.equal(results[0], results[1])
+        path = tree.path(rng.randrange(len(tree)))
+        for runtime in (captured, uncaptured):
+            keep_path(runtime, len(context), path)
+        context = context + [tree.tokens[node] for node in path]
