@@ -258,6 +258,7 @@ class LlamaCppRunner:
         with _without_amx_repacking():
             self.llm = Llama(
                 model_path=str(gguf), n_ctx=pair.context_length, n_threads=torch.get_num_threads(),
+                n_gpu_layers=pair.target.gpu_layers,  # on the GPU exactly when Tandem's target is
                 seed=settings.seed or 0, verbose=False,
             )
 
