@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import METHODS, ConfigError, DecodeSettings, PairConfig, default_method, demo_pair
+from engine.config import CHAT_DEFAULT_TEMPERATURE, METHODS, ConfigError, DecodeSettings, PairConfig, default_method, demo_pair
 from engine.events import Finished
 from engine.pairs import all_pairs, builtin_pairs
 from engine.paths import config_dir
@@ -67,6 +67,8 @@ class MainWindow(QMainWindow):
         self.store, store_warning = open_chat_store()
         self.pairs, pairs_warning = _read_pairs()
         self.settings_dialog: SettingsDialog | None = None
+        # What turning Greedy off goes back to: the last temperature above 0 in use.
+        self._sampling_temperature = self.settings.decoding.temperature or CHAT_DEFAULT_TEMPERATURE
         self._closed = False
         self._load_failure_shown = False  # the banner holds a load error, which a later load ends
 
@@ -119,6 +121,14 @@ class MainWindow(QMainWindow):
         self.method_combo = QComboBox()
         self.method_combo.setToolTip("Decoding method for the next reply")
         toolbar.addWidget(self.method_combo)
+        self.greedy_action = QAction("Greedy", self)
+        self.greedy_action.setCheckable(True)
+        self.greedy_action.setChecked(self.settings.decoding.greedy)
+        self.greedy_action.setToolTip(
+            "Greedy (temperature 0): always the most likely token, so Regenerate repeats a reply word for word. "
+            "Off: replies are sampled (temperature in Settings → Decoding). Output is exact either way."
+        )
+        toolbar.addAction(self.greedy_action)
         toolbar.addSeparator()
         self.provenance_action = QAction("Colour tokens", self)
         self.provenance_action.setCheckable(True)
@@ -166,6 +176,7 @@ class MainWindow(QMainWindow):
         self.pair_combo.activated.connect(self._on_pair_chosen)
         self.method_combo.activated.connect(self._on_method_chosen)
         self.provenance_action.toggled.connect(self.set_show_provenance)
+        self.greedy_action.triggered.connect(self.set_greedy)  # triggered: by the user only
         self.settings_action.triggered.connect(self.open_settings)
 
     # Layout, kept by QSettings (window geometry only; everything else is in the settings file)
@@ -318,6 +329,15 @@ class MainWindow(QMainWindow):
         self.settings.decoding = decoding
         save_settings(self.settings)
         self.method_combo.setCurrentIndex(max(self.method_combo.findData(decoding.method), 0))
+        if not decoding.greedy:
+            self._sampling_temperature = decoding.temperature
+        self.greedy_action.setChecked(decoding.greedy)
+
+    @Slot(bool)
+    def set_greedy(self, greedy: bool) -> None:
+        """Greedy on: temperature 0. Off: back to the temperature the replies were sampled at."""
+        temperature = 0.0 if greedy else self._sampling_temperature
+        self.set_decoding(self.settings.decoding.with_changes(temperature=temperature))
 
     @Slot(bool)
     def set_show_provenance(self, show: bool) -> None:

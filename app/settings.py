@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from engine.config import METHODS, ConfigError, DecodeSettings, default_method
+from engine.config import CHAT_DEFAULT_TEMPERATURE, METHODS, ConfigError, DecodeSettings, default_method
 from engine.paths import config_dir
 
 SETTINGS_FILE = "app-settings.json"
@@ -28,8 +28,11 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 class AppSettings:
     active_pair: str = "demo"
     # Trees for a first start with the demo pair; a pair without a draft model falls back
-    # to its own default method (see MainWindow.decode_settings).
-    decoding: DecodeSettings = field(default_factory=lambda: DecodeSettings(method=default_method(METHODS)))
+    # to its own default method (see MainWindow.decode_settings). Sampled, so that
+    # Regenerate gives another reply; greedy is the toolbar's Greedy toggle.
+    decoding: DecodeSettings = field(
+        default_factory=lambda: DecodeSettings(method=default_method(METHODS), temperature=CHAT_DEFAULT_TEMPERATURE)
+    )
     models: list[str] = field(default_factory=list)  # sources the user added: folders, GGUF files
     show_provenance: bool = False
 
@@ -44,12 +47,14 @@ class AppSettings:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> AppSettings:
-        """Build from a current-version dict; a value that does not fit falls back to its default."""
+        """Build from a current-version dict; a value that does not fit falls back to its default.
+        A saved decoding value (a temperature of 0, say) is kept; a missing one is the app's default."""
         defaults = cls()
-        decoding_data = data.get("decoding", {})
+        decoding_data = data.get("decoding")
+        decoding_data = decoding_data if isinstance(decoding_data, dict) else {}
         known = {f.name for f in fields(DecodeSettings)}
         try:
-            decoding = DecodeSettings(**{k: v for k, v in decoding_data.items() if k in known})
+            decoding = replace(defaults.decoding, **{k: v for k, v in decoding_data.items() if k in known})
         except (ConfigError, TypeError):
             decoding = defaults.decoding
         models = data.get("models", [])

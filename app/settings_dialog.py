@@ -74,7 +74,11 @@ class DecodingForm(QWidget):
         self.temperature = QDoubleSpinBox()
         self.temperature.setRange(0.0, 2.0)
         self.temperature.setSingleStep(0.1)
-        self.temperature.setToolTip("0 is greedy: always the most likely token")
+        self.temperature.setSpecialValueText("0 (greedy)")
+        self.temperature.setToolTip(
+            "0 is greedy: always the most likely token, so Regenerate repeats a reply. "
+            "Above 0 replies are sampled; speculative decoding stays exact at any temperature."
+        )
         self.top_p = QDoubleSpinBox()
         self.top_p.setRange(0.01, 1.0)
         self.top_p.setSingleStep(0.05)

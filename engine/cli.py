@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from .config import DEVICES, METHODS, PRECISIONS, RUNTIMES, VERIFIERS, ConfigError, DecodeSettings, ModelSpec, PairConfig, default_method
+from .config import CHAT_DEFAULT_TEMPERATURE, DEVICES, METHODS, PRECISIONS, RUNTIMES, VERIFIERS, ConfigError, DecodeSettings, ModelSpec, PairConfig, default_method
 from .distill.command import add_distill_command
 from .drafters.ngram_table import add_ngram_table_command
 from .errors import TandemError
@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
 
     chat = commands.add_parser("chat", help="chat in the terminal, with streaming output and a live stats line")
     _add_pair_arguments(chat)
-    _add_decoding_arguments(chat)
+    _add_decoding_arguments(chat, default_temperature=CHAT_DEFAULT_TEMPERATURE)
     chat.add_argument("--system", help="system prompt")
     chat.set_defaults(run=_run_chat)
 
@@ -82,11 +82,19 @@ def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_decoding_arguments(parser: argparse.ArgumentParser, default_max_new_tokens: int = 512) -> None:
+def _add_decoding_arguments(
+    parser: argparse.ArgumentParser, default_max_new_tokens: int = 512, default_temperature: float | None = None
+) -> None:
+    """The decoding knobs; unless told otherwise they default as DecodeSettings does (greedy),
+    which is what the bench measures at."""
     defaults = DecodeSettings()
+    temperature = defaults.temperature if default_temperature is None else default_temperature
     parser.add_argument("--method", choices=METHODS, help="default: tree when the pair has a draft model, else chain")
     parser.add_argument("--max-new-tokens", type=int, default=default_max_new_tokens)
-    parser.add_argument("--temperature", type=float, default=defaults.temperature)
+    parser.add_argument(
+        "--temperature", type=float, default=temperature,
+        help=f"0 is greedy: always the most likely token (default: {temperature:g})",
+    )
     parser.add_argument("--top-p", type=float, default=defaults.top_p)
     parser.add_argument("--top-k", type=int, default=defaults.top_k)
     parser.add_argument("--draft-tokens", "-k", type=int, default=defaults.draft_tokens, help="K draft tokens per round")

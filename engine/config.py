@@ -42,6 +42,13 @@ DRAFT_DEFAULT_PRECISION = "bf16"
 LLAMACPP_TARGET_PRECISION = "int8"
 
 
+# What a chat samples at unless the user chose otherwise. At temperature 0 Regenerate would
+# repeat a reply word for word; chat apps sample (LM Studio, GPT4All: 0.7-0.8), and
+# speculative decoding stays exact at any temperature: the output follows the target's own
+# distribution. Greedy (0) stays one click away; `tandem bench` measures at 0.
+CHAT_DEFAULT_TEMPERATURE = 0.7
+
+
 def default_method(offered: tuple[str, ...]) -> str:
     """What a pair decodes with unless the user chose otherwise: a token tree where the pair
     has a draft model for one (its automatic shape falls back to plain target steps where
@@ -125,7 +132,8 @@ class PairConfig:
 class DecodeSettings:
     """How one reply is decoded.
 
-    temperature 0 means greedy; top_k 0 and top_p 1.0 switch those filters off.
+    temperature 0 means greedy (the engine's and the bench's default; chats start from
+    CHAT_DEFAULT_TEMPERATURE); top_k 0 and top_p 1.0 switch those filters off.
     `draft_tokens` is K, the number of draft tokens verified per target call in `chain`
     and `ngram`. `tree_shape` is "auto" (chosen per round from measurements) or
     "BUDGETxDEPTH", e.g. "16x4": drafted nodes verified per target call, longest path.

@@ -16,8 +16,9 @@ from .events import Finished, PromptPrepared, StatsUpdate, TextDelta
 from .session import LoadedPair, method_refusal
 from .stats import GenerationStats
 
-HELP = """Commands: /reset (new conversation), /system TEXT, /method ar|chain|tree|staged|ngram, /temperature T,
-/stats (last reply's figures), /help, /quit. Ctrl-C stops a reply; Ctrl-D quits."""
+HELP = """Commands: /reset (new conversation), /system TEXT, /method ar|chain|tree|staged|ngram,
+/temperature T (0 is greedy: the same reply every time), /stats (last reply's figures), /help, /quit.
+Ctrl-C stops a reply; Ctrl-D quits."""
 
 
 def stats_line(stats: GenerationStats) -> str:
@@ -29,6 +30,10 @@ def stats_line(stats: GenerationStats) -> str:
     if stats.mean_accepted_per_target_call is not None:
         parts.append(f"{stats.mean_accepted_per_target_call:.2f} tok/target call")
     return " · ".join(parts)
+
+
+def temperature_label(temperature: float) -> str:
+    return f"{temperature:g} (greedy)" if temperature == 0 else f"{temperature:g}"
 
 
 class StatusLine:
@@ -73,7 +78,8 @@ class TerminalChat:
     def run(self) -> int:
         described = self.pair.describe()
         self.out.write(f"Tandem · {described['target']} drafted by {described['draft']} on {described['device']} "
-                       f"({described['precision']}). /help for commands.\n")
+                       f"({described['precision']}), temperature {temperature_label(self.settings.temperature)}. "
+                       "/help for commands.\n")
         refusal = method_refusal(self.pair, self.settings.method)
         if refusal:
             self.settings = self.settings.with_changes(method=default_method(self.pair.methods))
@@ -152,7 +158,7 @@ class TerminalChat:
                     self.out.write(f"(method: {self.settings.method})\n")
             elif name == "/temperature":
                 self.settings = self.settings.with_changes(temperature=float(argument))
-                self.out.write(f"(temperature: {self.settings.temperature})\n")
+                self.out.write(f"(temperature: {temperature_label(self.settings.temperature)})\n")
             elif name == "/stats":
                 self.out.write((stats_line(self.last_stats) if self.last_stats else "(no reply yet)") + "\n")
             else:

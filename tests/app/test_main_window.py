@@ -6,8 +6,9 @@ import re
 import sqlite3
 import time
 
-from PySide6.QtWidgets import QApplication, QMessageBox
+from PySide6.QtWidgets import QApplication, QMessageBox, QToolBar
 
+from app.settings import load_settings
 from app.storage import COMPLETE, FAILED, STOPPED
 from engine.config import ModelSpec, PairConfig
 from engine.errors import ModelLoadError
@@ -139,6 +140,37 @@ def test_switching_method_applies_to_the_next_reply(ready_window, qtbot):
     assert engine.requests[-1][1].method == "ar" and finished.stats.method == "ar"
     assert "ar drafts nothing" in window.speed_panel.values["acceptance"].text()
     assert {p.value for p in finished.provenance} == {"target"}
+
+
+def test_replies_are_sampled_by_default_and_greedy_is_one_click_away(ready_window, qtbot):
+    engine = FakeEngine()
+    window = ready_window(engine)
+    toolbar = window.findChild(QToolBar, "mainToolbar")
+    assert toolbar.widgetForAction(window.greedy_action).isVisible()
+    assert not window.greedy_action.isChecked()
+    send_and_wait(qtbot, window, "Hi")
+    assert engine.requests[-1][1].temperature == 0.7
+
+    window.greedy_action.trigger()  # one click
+    assert window.greedy_action.isChecked()
+    with qtbot.waitSignal(window.client.finished, timeout=5000):
+        window.regenerate_action.trigger()
+    assert engine.requests[-1][1].temperature == 0.0
+    assert load_settings()[0].decoding.temperature == 0.0  # kept across restarts
+
+    window.greedy_action.trigger()
+    assert not window.greedy_action.isChecked() and window.decode_settings().temperature == 0.7
+
+
+def test_the_greedy_toggle_follows_a_temperature_set_in_settings(ready_window):
+    window = ready_window()
+    window.set_decoding(window.settings.decoding.with_changes(temperature=0.0))
+    assert window.greedy_action.isChecked()
+    window.set_decoding(window.settings.decoding.with_changes(temperature=1.2))
+    assert not window.greedy_action.isChecked()
+    window.greedy_action.trigger()
+    window.greedy_action.trigger()
+    assert window.decode_settings().temperature == 1.2  # greedy off goes back to the user's own temperature
 
 
 def test_switching_pair_loads_it_while_the_chat_stays_usable(make_window, qtbot):

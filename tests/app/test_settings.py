@@ -7,6 +7,7 @@ import pytest
 
 from app import settings as settings_module
 from app.settings import SCHEMA_VERSION, AppSettings, load_settings, save_settings, settings_path
+from engine.config import CHAT_DEFAULT_TEMPERATURE
 
 
 def test_defaults_when_there_is_no_file(tandem_home):
@@ -58,3 +59,22 @@ def test_a_file_from_a_newer_version_is_copied_before_it_is_used(version):
     assert settings.active_pair == "future"
     assert "newer Tandem" in warning
     assert settings_path().with_suffix(f".v{version}.json").exists()
+
+
+def test_a_first_start_samples_so_that_regenerate_gives_another_reply():
+    assert CHAT_DEFAULT_TEMPERATURE == 0.7
+    assert load_settings()[0].decoding.temperature == CHAT_DEFAULT_TEMPERATURE
+
+
+def test_a_saved_temperature_is_kept_and_a_missing_one_is_the_chat_default():
+    settings_path().write_text(json.dumps({"schema_version": 1, "decoding": {"method": "ar", "temperature": 0.0}}))
+    assert load_settings()[0].decoding.temperature == 0.0
+    settings_path().write_text(json.dumps({"schema_version": 1, "decoding": {"method": "ar"}}))
+    decoding = load_settings()[0].decoding
+    assert (decoding.method, decoding.temperature) == ("ar", CHAT_DEFAULT_TEMPERATURE)
+
+
+def test_a_decoding_entry_of_the_wrong_shape_falls_back_to_the_defaults():
+    settings_path().write_text(json.dumps({"schema_version": 1, "active_pair": "mine", "decoding": ["ar"]}))
+    settings, _warning = load_settings()
+    assert settings.active_pair == "mine" and settings.decoding == AppSettings().decoding

@@ -41,14 +41,14 @@ def test_decoding_changes_apply_to_the_next_reply_without_restart(ready_window, 
     window = ready_window(engine)
     dialog = window.open_settings()
     dialog.tabs.setCurrentIndex(1)
-    dialog.decoding.temperature.setValue(0.7)
+    dialog.decoding.temperature.setValue(0.9)  # the default is 0.7
     dialog.decoding.draft_tokens.setValue(6)
     dialog.decoding.verifier.setCurrentIndex(dialog.decoding.verifier.findData("token"))
     dialog.decoding.max_new_tokens.setValue(12)
     dialog.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.Ok).click()
     finished = send_and_wait(qtbot, window, "Hi")
     settings = engine.requests[-1][1]
-    assert (settings.temperature, settings.draft_tokens, settings.verifier, settings.max_new_tokens) == (0.7, 6, "token", 12)
+    assert (settings.temperature, settings.draft_tokens, settings.verifier, settings.max_new_tokens) == (0.9, 6, "token", 12)
     assert len(finished.token_ids) == 12 and finished.stop_reason == "length"
     assert load_settings()[0].decoding == settings
 

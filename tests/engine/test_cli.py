@@ -5,8 +5,8 @@ import importlib.util
 import io
 import json
 
-from engine.cli import main
-from engine.config import DecodeSettings, demo_pair
+from engine.cli import _parser, _settings_from_args, main
+from engine.config import METHODS, DecodeSettings, demo_pair
 from engine.session import load_pair
 from engine.terminal_chat import TerminalChat
 
@@ -69,3 +69,12 @@ def test_terminal_chat_streams_a_reply_and_keeps_history(demo_target_folder):
     assert "Rome" in text
     assert "tok/s" in text  # the stats line
     assert [m.role for m in chat.history] == ["user", "assistant"]
+
+
+def test_chat_samples_by_default_and_bench_stays_greedy():
+    def temperature(argv: list[str]) -> float:
+        return _settings_from_args(_parser().parse_args(argv), METHODS).temperature
+
+    assert temperature(["chat"]) == 0.7  # Regenerate-like retries differ, as in other chat apps
+    assert temperature(["chat", "--temperature", "0"]) == 0.0
+    assert temperature(["bench"]) == 0.0  # the benchmarks and their goals are at temperature 0
