@@ -29,12 +29,13 @@ from .error_text import error_text
 from .message_widget import is_dark
 from .provenance import DARK_COLOURS, LEGEND, LIGHT_COLOURS
 from .settings import AppSettings, load_settings, save_settings
-from .settings_dialog import METHOD_LABELS, SettingsDialog
+from .settings_dialog import METHOD_LABELS, SettingsDialog, pair_details
 from .speed_panel import SpeedPanel
 from .storage import open_chat_store
 from .worker import EngineClient, PairInfo
 
 LAYOUT_FILE = "window.ini"
+PAIR_NAME_CHARS = 40  # the pair switch widens to fit names up to about this many characters
 WELCOME = "Ask anything. Replies are written on this machine, offline."
 FIRST_LOAD = (
     "Loading the model pair… On the first start the bundled demo model is converted once, "
@@ -115,7 +116,8 @@ class MainWindow(QMainWindow):
         toolbar.addWidget(QLabel(" Pair "))
         self.pair_combo = QComboBox()
         self.pair_combo.setMinimumContentsLength(18)
-        self.pair_combo.setToolTip("Switch model pair; the current one stays active until the new one is loaded")
+        # Pairs are added and renamed after the window first shows: keep fitting the names.
+        self.pair_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         toolbar.addWidget(self.pair_combo)
         toolbar.addWidget(QLabel(" Method "))
         self.method_combo = QComboBox()
@@ -280,9 +282,18 @@ class MainWindow(QMainWindow):
     def _fill_pair_combo(self) -> None:
         active = self.client.pair.config.name if self.client.pair else self.settings.active_pair
         self.pair_combo.clear()
+        metrics = self.pair_combo.fontMetrics()
+        widest = metrics.averageCharWidth() * PAIR_NAME_CHARS
         for pair in self.pairs:
-            self.pair_combo.addItem(pair.name, pair.name)
+            # Only a name too long for the toolbar is elided; its tooltip holds it whole.
+            self.pair_combo.addItem(metrics.elidedText(pair.name, Qt.TextElideMode.ElideMiddle, widest), pair.name)
+            self.pair_combo.setItemData(self.pair_combo.count() - 1, pair_details(pair), Qt.ItemDataRole.ToolTipRole)
         self.pair_combo.setCurrentIndex(max(self.pair_combo.findData(active), 0))
+        current = self.pair_named(self.pair_combo.currentData())
+        self.pair_combo.setToolTip(
+            (f"{pair_details(current)}\n\n" if current else "")
+            + "Switch model pair; the current one stays active until the new one is loaded"
+        )
 
     def _fill_method_combo(self, info: PairInfo | None) -> None:
         self.method_combo.clear()

@@ -49,6 +49,16 @@ def pair_summary(pair: PairConfig) -> str:
     )
 
 
+def pair_details(pair: PairConfig) -> str:
+    """Everything a pair is made of, with whole paths: the tooltip wherever a pair is listed."""
+    return "\n".join((
+        pair.name,
+        f"Target: {pair.target.source} ({pair.target.precision}, {pair.target.device})",
+        f"Draft: {pair.draft.source if pair.draft else 'n-gram prompt lookup'}",
+        f"Runtime: {pair.runtime}",
+    ))
+
+
 class DecodingForm(QWidget):
     """The decoding knobs. A knob that would have no effect is disabled, with the reason."""
 
@@ -215,6 +225,13 @@ class SettingsDialog(QDialog):
         layout = QVBoxLayout(tab)
         layout.addWidget(QLabel("Model pairs (also used by `tandem chat --pair` and `tandem bench --pair`)"))
         self.pair_list = QListWidget()
+        # Summaries hold model names and folders: wrap them within the list's width rather
+        # than cut them off behind a horizontal scroll bar.
+        self.pair_list.setWordWrap(True)
+        self.pair_list.setTextElideMode(Qt.TextElideMode.ElideNone)
+        self.pair_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.pair_list.setResizeMode(QListWidget.ResizeMode.Adjust)
+        self.pair_list.setSpacing(2)
         layout.addWidget(self.pair_list, 1)
         row = QHBoxLayout()
         self.new_pair_button = QPushButton("New pair…")
@@ -243,6 +260,7 @@ class SettingsDialog(QDialog):
                 text += "   [in use]"
             item = QListWidgetItem(text)
             item.setData(NAME_ROLE, pair.name)
+            item.setToolTip(pair_details(pair))
             self.pair_list.addItem(item)
             if pair.name == select:
                 self.pair_list.setCurrentItem(item)

@@ -6,6 +6,7 @@ import re
 import sqlite3
 import time
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication, QMessageBox, QToolBar
 
 from app.settings import load_settings
@@ -171,6 +172,35 @@ def test_the_greedy_toggle_follows_a_temperature_set_in_settings(ready_window):
     window.greedy_action.trigger()
     window.greedy_action.trigger()
     assert window.decode_settings().temperature == 1.2  # greedy off goes back to the user's own temperature
+
+
+def test_the_pair_switch_widens_to_fit_pair_names_added_later(ready_window):
+    window = ready_window()
+    name = "qwen2.5-7b-instruct + 0.5b draft"  # longer than the switch's first width
+    save_user_pairs([PairConfig(name, ModelSpec("/models/qwen-7b.gguf"), ModelSpec("/models/qwen-0.5b.gguf"))])
+    window._on_pairs_changed()  # as after saving a pair in Settings
+    combo = window.pair_combo
+    text_width = combo.fontMetrics().horizontalAdvance(name)
+    assert combo.itemText(combo.findData(name)) == name
+    assert combo.sizeHint().width() > text_width
+    combo.showPopup()
+    try:
+        assert combo.view().viewport().width() > text_width  # the open list shows it whole too
+    finally:
+        combo.hidePopup()
+    assert "/models/qwen-0.5b.gguf" in combo.itemData(combo.findData(name), Qt.ItemDataRole.ToolTipRole)
+
+
+def test_a_pair_name_too_long_for_the_toolbar_is_elided_with_its_whole_name_in_the_tooltip(ready_window):
+    window = ready_window()
+    name = "a pair whose name goes on " + "and on " * 20
+    save_user_pairs([PairConfig(name, ModelSpec("/models/long.gguf"))])
+    window._on_pairs_changed()
+    combo = window.pair_combo
+    index = combo.findData(name)
+    assert "…" in combo.itemText(index) and len(combo.itemText(index)) < len(name)
+    assert combo.itemData(index, Qt.ItemDataRole.ToolTipRole).startswith(name)
+    assert combo.sizeHint().width() < combo.fontMetrics().horizontalAdvance(name)
 
 
 def test_switching_pair_loads_it_while_the_chat_stays_usable(make_window, qtbot):

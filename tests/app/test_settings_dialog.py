@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import json
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QDialogButtonBox
+from PySide6.QtCore import QRect, Qt
+from PySide6.QtWidgets import QDialogButtonBox, QStyle
 
 from app.pair_picker import SOURCE_ROLE, PairPicker
 from app.settings import load_settings
 from app.settings_dialog import DecodingForm
-from engine.config import DecodeSettings
-from engine.pairs import load_user_pairs, user_pairs_path
+from engine.config import DecodeSettings, ModelSpec, PairConfig
+from engine.pairs import all_pairs, load_user_pairs, save_user_pairs, user_pairs_path
 from tests.app.fake_engine import VERIFIERS, FakeEngine
 from tests.app.helpers import send_and_wait
 
@@ -51,6 +51,28 @@ def test_decoding_changes_apply_to_the_next_reply_without_restart(ready_window, 
     assert (settings.temperature, settings.draft_tokens, settings.verifier, settings.max_new_tokens) == (0.9, 6, "token", 12)
     assert len(finished.token_ids) == 12 and finished.stop_reason == "length"
     assert load_settings()[0].decoding == settings
+
+
+def test_the_pair_list_shows_every_summary_whole(ready_window, qtbot):
+    far_away = "/home/someone/models/a/folder/that/is/quite/deep/Qwen2.5-7B-Instruct-Q4_K_M.gguf"
+    save_user_pairs([PairConfig("qwen with a draft", ModelSpec(far_away), ModelSpec("/models/qwen-0.5b.gguf"))])
+    window = ready_window()
+    window.pairs = all_pairs()
+    dialog = window.open_settings()
+    qtbot.waitExposed(dialog)
+    pair_list = dialog.pair_list
+    margin = 2 * (pair_list.style().pixelMetric(QStyle.PixelMetric.PM_FocusFrameHMargin, None, pair_list) + 1)
+    metrics = pair_list.fontMetrics()
+    for row in range(pair_list.count()):
+        item = pair_list.item(row)
+        shown = pair_list.visualItemRect(item)
+        assert shown.right() <= pair_list.viewport().width()  # nothing beyond the right edge
+        needed = metrics.boundingRect(
+            QRect(0, 0, shown.width() - margin, 10_000), int(Qt.TextFlag.TextWrapAnywhere), item.text()
+        )
+        assert shown.height() >= needed.height()  # every wrapped line fits
+    qwen = pair_list.findItems("qwen with a draft", Qt.MatchFlag.MatchStartsWith)[0]
+    assert far_away in qwen.toolTip() and "/models/qwen-0.5b.gguf" in qwen.toolTip()
 
 
 def open_picker(window, qtbot, models: list[str]) -> PairPicker:
