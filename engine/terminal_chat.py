@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Callable
 from typing import TextIO
 
 from .chat_prompt import Message
@@ -15,9 +16,12 @@ from .errors import TandemError
 from .events import Finished, PromptPrepared, StatsUpdate, TextDelta
 from .session import LoadedPair, method_refusal
 from .stats import GenerationStats
+from .terminal_input import MessageReader
 
 HELP = """Commands: /reset (new conversation), /system TEXT, /method ar|chain|tree|staged|ngram,
 /temperature T (0 is greedy: the same reply every time), /stats (last reply's figures), /help, /quit.
+A message can span lines: paste them (lines pasted together are one message), end a line with \\
+to go on with the next, or put the lines between two lines of \"\"\".
 Ctrl-C stops a reply; Ctrl-D quits."""
 
 
@@ -66,12 +70,12 @@ class StatusLine:
 
 class TerminalChat:
     def __init__(self, pair: LoadedPair, settings: DecodeSettings, system_prompt: str | None,
-                 read=input, out: TextIO = sys.stdout):
+                 read: Callable[[str], str] | None = None, out: TextIO = sys.stdout):
         self.pair = pair
         self.settings = settings
         self.system_prompt = system_prompt
         self.history: list[Message] = []
-        self.read = read
+        self.read = read or MessageReader()  # one message per call, however many lines
         self.out = out
         self.last_stats: GenerationStats | None = None
 
@@ -79,7 +83,7 @@ class TerminalChat:
         described = self.pair.describe()
         self.out.write(f"Tandem · {described['target']} drafted by {described['draft']} on {described['device']} "
                        f"({described['precision']}), temperature {temperature_label(self.settings.temperature)}. "
-                       "/help for commands.\n")
+                       "/help for commands and messages of several lines.\n")
         refusal = method_refusal(self.pair, self.settings.method)
         if refusal:
             self.settings = self.settings.with_changes(method=default_method(self.pair.methods))

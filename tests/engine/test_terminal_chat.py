@@ -10,6 +10,7 @@ from engine.chat_prompt import Message
 from engine.config import DecodeSettings
 from engine.terminal_chat import TerminalChat
 from tests.engine.test_session import interrupt_target_call
+from tests.engine.test_terminal_input import PastingTerminal
 from tests.engine.tiny_models import tiny_word_pair
 
 
@@ -58,3 +59,18 @@ def test_a_start_with_a_method_the_pair_cannot_run_falls_back_to_one_it_can(tiny
     assert "needs a draft model" in printed
     assert chat.settings.method == "chain"
     assert [m.role for m in chat.history] == ["user", "assistant"]
+
+
+def test_a_pasted_paragraph_is_sent_as_one_message(tiny_pair):
+    terminal = PastingTerminal(["w1 w2", "w3 w4", "w5"], ["/quit"])
+    out = io.StringIO()
+    chat = TerminalChat(tiny_pair, DecodeSettings(method="ar", max_new_tokens=4), None, read=terminal.reader(), out=out)
+    assert chat.run() == 0
+    assert [(m.role, m.content) for m in chat.history[:1]] == [("user", "w1 w2\nw3 w4\nw5")]
+    assert [m.role for m in chat.history] == ["user", "assistant"]  # one reply, not three
+    assert out.getvalue().count("tandem> ") == 1
+
+
+def test_the_help_says_how_to_write_a_message_of_several_lines(tiny_pair):
+    _chat, printed = chat_with(tiny_pair, ["/help"])
+    assert "paste" in printed and '"""' in printed and "\\" in printed
