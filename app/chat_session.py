@@ -9,11 +9,11 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 from engine.chat_prompt import Message
 from engine.config import DecodeSettings
-from engine.events import Finished, PromptPrepared, TextDelta
+from engine.events import Finished, PromptPrepared, PromptProgress, TextDelta
 
 from .chat_view import ChatPane
 from .error_text import error_text
-from .figures import reply_figures
+from .figures import reading, reply_figures
 from .provenance import Runs, extend_runs, fit_runs, split_delta
 from .storage import COMPLETE, FAILED, STOPPED, STREAMING, ChatStore, StoredMessage
 from .worker import EngineClient
@@ -39,6 +39,7 @@ class Stream:
     text: str = ""
     runs: Runs = field(default_factory=list)
     note: str = ""
+    reading: bool = False  # a long prompt is being read: the status says how far
 
 
 class ChatController(QObject):
@@ -69,6 +70,7 @@ class ChatController(QObject):
         pane.view.regenerate_requested.connect(self.regenerate)
         pane.view.edit_requested.connect(self.start_edit)
         client.prompt_prepared.connect(self._on_prompt_prepared)
+        client.prompt_progress.connect(self._on_prompt_progress)
         client.text_delta.connect(self._on_text_delta)
         client.finished.connect(self._on_finished)
         client.errored.connect(self._on_errored)
@@ -201,9 +203,24 @@ class ChatController(QObject):
                 widget.set_status(STREAMING, stream.note)
 
     @Slot(int, object)
+    def _on_prompt_progress(self, request_id: int, event: PromptProgress) -> None:
+        stream = self._stream_for(request_id)
+        widget = self.pane.view.widget_for(stream.message_id) if stream is not None else None
+        if widget is not None:
+            stream.reading = True
+            widget.set_status(STREAMING, stream.note, activity=reading(event.fraction))
+
+    @Slot(int, object)
     def _on_text_delta(self, request_id: int, delta: TextDelta) -> None:
         stream = self._stream_for(request_id)
-        if stream is None or not delta.text:
+        if stream is None:
+            return
+        if stream.reading:  # the first text: reading is over
+            stream.reading = False
+            widget = self.pane.view.widget_for(stream.message_id)
+            if widget is not None:
+                widget.set_status(STREAMING, stream.note)
+        if not delta.text:
             return
         stream.text += delta.text
         extend_runs(stream.runs, split_delta(delta))

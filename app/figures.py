@@ -43,6 +43,11 @@ def ratio(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}"
 
 
+def reading(fraction: float) -> str:
+    """What a reply waits for while the models read a long prompt."""
+    return f"Reading your message… {fraction:.0%}"
+
+
 def decoding_mode(decoding: dict, verifier_label: str = "") -> str:
     """'chain, K=4, block verification, greedy' or 'tree, auto shape, temperature 0.7' —
     what produced a reply."""

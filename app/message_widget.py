@@ -261,8 +261,9 @@ class MessageWidget(QFrame):
         else:
             self.markdown.set_markdown(self._text)
 
-    def set_status(self, status: str, note: str = "") -> None:
-        words = STATUS_TEXT.get(status, "")
+    def set_status(self, status: str, note: str = "", activity: str = "") -> None:
+        """`activity`, when given, says what a streaming reply is doing instead of "writing…"."""
+        words = activity or STATUS_TEXT.get(status, "")
         if note:
             words = f"{words} — {note}" if words else note
         self.status.setText(words)

@@ -177,6 +177,10 @@ class SpeedPanel(QDockWidget):
         self.share_bar.set_share(None)
         self._set_positions([])
 
+    def show_reading(self, fraction: float) -> None:
+        """A long prompt is being read: the wait before the first token, and how far it got."""
+        self.caption.setText(fmt.reading(fraction))
+
     def update_stats(self, stats: GenerationStats, description: dict) -> None:
         figures = stats.to_dict()
         self.speed.setText(fmt.rate(stats.tokens_per_s))

@@ -20,7 +20,7 @@ from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
 from engine.chat_prompt import Message
 from engine.config import DecodeSettings, ModelSpec, PairConfig
 from engine.errors import TandemError
-from engine.events import Finished, PromptPrepared, StatsUpdate, TextDelta
+from engine.events import Finished, PromptPrepared, PromptProgress, StatsUpdate, TextDelta
 
 from .engine_api import EngineApi
 
@@ -55,6 +55,7 @@ class EngineWorker(QObject):
     pair_loaded = Signal(object)  # PairInfo
     load_failed = Signal(object, object)  # PairConfig, Exception
     prompt_prepared = Signal(int, object)  # request id, PromptPrepared
+    prompt_progress = Signal(int, object)  # request id, PromptProgress
     text_delta = Signal(int, object)  # request id, TextDelta
     stats_updated = Signal(int, object, object)  # request id, GenerationStats, pair description now
     finished = Signal(int, object, object)  # request id, Finished, pair description now
@@ -145,6 +146,8 @@ class EngineWorker(QObject):
             self.stats_updated.emit(request_id, event.stats, self._pair.describe())
         elif isinstance(event, PromptPrepared):
             self.prompt_prepared.emit(request_id, event)
+        elif isinstance(event, PromptProgress):
+            self.prompt_progress.emit(request_id, event)
         elif isinstance(event, Finished):
             self.finished.emit(request_id, event, self._pair.describe())
 
@@ -190,6 +193,7 @@ class EngineClient(QObject):
     pair_loaded = Signal(object)
     load_failed = Signal(object, object)
     prompt_prepared = Signal(int, object)
+    prompt_progress = Signal(int, object)
     text_delta = Signal(int, object)
     stats_updated = Signal(int, object, object)
     finished = Signal(int, object, object)
@@ -228,6 +232,7 @@ class EngineClient(QObject):
         self.worker.pair_loaded.connect(self._on_pair_loaded)
         self.worker.load_failed.connect(self._on_load_failed)
         self.worker.prompt_prepared.connect(self._on_prompt_prepared)
+        self.worker.prompt_progress.connect(self._on_prompt_progress)
         self.worker.text_delta.connect(self._on_text_delta)
         self.worker.stats_updated.connect(self._on_stats_updated)
         self.worker.finished.connect(self._on_finished)
@@ -314,6 +319,11 @@ class EngineClient(QObject):
     def _on_prompt_prepared(self, request_id: int, event: PromptPrepared) -> None:
         if not self._closed:
             self.prompt_prepared.emit(request_id, event)
+
+    @Slot(int, object)
+    def _on_prompt_progress(self, request_id: int, event: PromptProgress) -> None:
+        if not self._closed:
+            self.prompt_progress.emit(request_id, event)
 
     @Slot(int, object)
     def _on_text_delta(self, request_id: int, event: TextDelta) -> None:

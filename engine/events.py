@@ -26,6 +26,19 @@ class PromptPrepared:
 
 
 @dataclass(frozen=True)
+class PromptProgress:
+    """How far the models have read a long prompt, before the first text: sent after each
+    chunk of a prompt long enough for reading it to be a noticeable wait."""
+
+    tokens_done: int
+    tokens_total: int
+
+    @property
+    def fraction(self) -> float:
+        return self.tokens_done / self.tokens_total if self.tokens_total else 1.0
+
+
+@dataclass(frozen=True)
 class TextDelta:
     """New text, and the tokens that produced it with their provenance.
 
@@ -58,4 +71,4 @@ class Finished:
     extra: dict = field(default_factory=dict)
 
 
-Event = PromptPrepared | TextDelta | StatsUpdate | Finished
+Event = PromptPrepared | PromptProgress | TextDelta | StatsUpdate | Finished

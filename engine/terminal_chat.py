@@ -13,7 +13,7 @@ from typing import TextIO
 from .chat_prompt import Message
 from .config import ConfigError, DecodeSettings, default_method
 from .errors import TandemError
-from .events import Finished, PromptPrepared, StatsUpdate, TextDelta
+from .events import Finished, PromptPrepared, PromptProgress, StatsUpdate, TextDelta
 from .session import LoadedPair, method_refusal
 from .stats import GenerationStats
 from .terminal_input import MessageReader
@@ -43,8 +43,9 @@ def temperature_label(temperature: float) -> str:
 class StatusLine:
     """The bottom terminal row, updated in place while the text above scrolls."""
 
-    def __init__(self, stream: TextIO):
+    def __init__(self, stream: TextIO, stderr: TextIO = sys.stderr):
         self.stream = stream
+        self.stderr = stderr
         self.live = stream.isatty()
         self.rows = shutil.get_terminal_size().lines
 
@@ -63,6 +64,15 @@ class StatusLine:
             self.stream.write(f"\0337\033[{self.rows};1H\033[2K\033[7m {text} \033[0m\0338")
             self.stream.flush()
 
+    def progress(self, text: str, done: bool) -> None:
+        """How far a long wait got: on the status row, or, with the output piped, on a line
+        of the terminal's stderr that is rewritten in place and kept once `done`."""
+        if self.live:
+            self.show(text)
+        elif self.stderr.isatty():
+            self.stderr.write(f"\r{text}\033[K" + ("\n" if done else ""))
+            self.stderr.flush()
+
     def after_reply(self, text: str) -> None:
         if not self.live:
             self.stream.write(f"[{text}]\n")
@@ -70,13 +80,14 @@ class StatusLine:
 
 class TerminalChat:
     def __init__(self, pair: LoadedPair, settings: DecodeSettings, system_prompt: str | None,
-                 read: Callable[[str], str] | None = None, out: TextIO = sys.stdout):
+                 read: Callable[[str], str] | None = None, out: TextIO = sys.stdout, stderr: TextIO = sys.stderr):
         self.pair = pair
         self.settings = settings
         self.system_prompt = system_prompt
         self.history: list[Message] = []
         self.read = read or MessageReader()  # one message per call, however many lines
         self.out = out
+        self.stderr = stderr
         self.last_stats: GenerationStats | None = None
 
     def run(self) -> int:
@@ -88,7 +99,7 @@ class TerminalChat:
         if refusal:
             self.settings = self.settings.with_changes(method=default_method(self.pair.methods))
             self.out.write(f"[error] {refusal} Using {self.settings.method} instead.\n")
-        with StatusLine(self.out) as status:
+        with StatusLine(self.out, self.stderr) as status:
             while True:
                 try:
                     line = self.read("you> ")
@@ -112,6 +123,8 @@ class TerminalChat:
             for event in generation:
                 if isinstance(event, PromptPrepared) and event.dropped_turns:
                     self.out.write(f"(the {event.dropped_turns} oldest messages no longer fit the context and were left out)\n")
+                elif isinstance(event, PromptProgress):
+                    status.progress(f"reading your message… {event.fraction:.0%}", event.fraction >= 1)
                 elif isinstance(event, TextDelta):
                     self.out.write(event.text)
                     self.out.flush()

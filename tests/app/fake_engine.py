@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from engine.config import DecodeSettings, ModelSpec, PairConfig
 from engine.errors import IncompatiblePairError, ModelLoadError, OutOfMemoryError
-from engine.events import Finished, PromptPrepared, Provenance, StatsUpdate, TextDelta
+from engine.events import Finished, PromptPrepared, PromptProgress, Provenance, StatsUpdate, TextDelta
 from engine.stats import GenerationStats
 
 DEFAULT_REPLY = (
@@ -39,6 +39,7 @@ class FakeEngine:
     load_delay_s: float = 0.0
     failing_sources: dict[str, Exception] = field(default_factory=dict)
     fail_after_tokens: int | None = None
+    reading_chunks: int = 0  # as for a long prompt: PromptProgress events before the first text
     generation_error: Exception = field(
         default_factory=lambda: OutOfMemoryError("The machine ran out of memory while generating.")
     )
@@ -124,6 +125,9 @@ class FakeGeneration:
         settings, engine = self.settings, self.engine
         prompt_tokens = sum(len(words(message.content)) for message in self.messages)
         yield PromptPrepared(prompt_tokens, 0, 2048)
+        for chunk in range(engine.reading_chunks + 1 if engine.reading_chunks else 0):
+            time.sleep(engine.token_delay_s)
+            yield PromptProgress(chunk * 256, engine.reading_chunks * 256)
         tokens = words(engine.reply)
         stop_reason = "eos" if len(tokens) <= settings.max_new_tokens else "length"
         tokens = tokens[: settings.max_new_tokens]

@@ -58,6 +58,20 @@ def test_a_reply_streams_as_markdown_with_stats_in_order(ready_window, qtbot):
     assert window.conversations.list.currentItem().text() == "Explain speculative decoding"
 
 
+def test_a_long_prompt_shows_how_far_reading_it_got_until_the_reply_starts(ready_window, qtbot):
+    window = ready_window(FakeEngine(token_delay_s=0.005, reading_chunks=4))
+    seen: list[str] = []
+    window.client.prompt_progress.connect(
+        lambda *_: seen.append(f"{last_reply(window).status.text()} | {window.speed_panel.caption.text()}")
+    )
+    window.client.text_delta.connect(lambda *_: seen.append(f"text, {last_reply(window).status.text()}"))
+    send_and_wait(qtbot, window, "A long document…")
+    reading = [f"Reading your message… {p}% | Reading your message… {p}%" for p in (0, 25, 50, 75, 100)]
+    assert seen[: len(reading)] == reading
+    assert set(seen[len(reading):]) == {"text, writing…"}  # the first text ends the reading
+    assert "Reading" not in window.speed_panel.caption.text()
+
+
 def test_code_blocks_and_messages_can_be_copied(ready_window, qtbot):
     window = ready_window()
     send_and_wait(qtbot, window, "Show code")

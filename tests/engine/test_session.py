@@ -6,10 +6,11 @@ import pytest
 import torch
 
 import engine.decoding
+import engine.session
 from engine.chat_prompt import Message
 from engine.config import ConfigError, DecodeSettings, PairConfig, ModelSpec, demo_pair
 from engine.errors import ContextOverflowError, PromptError
-from engine.events import Finished, PromptPrepared, Provenance, StatsUpdate, TextDelta
+from engine.events import Finished, PromptPrepared, PromptProgress, Provenance, StatsUpdate, TextDelta
 from engine.models import LoadedModel
 from engine.session import LoadedPair
 from tests.engine.tiny_models import TEMPLATE, WORDS, tiny_llama, tiny_word_pair
@@ -193,3 +194,71 @@ def test_a_generation_runs_once_and_refuses_a_second_iteration(tiny_pair):
         generation.stop()
     with pytest.raises(RuntimeError, match="already ran"):
         list(generation)
+
+
+def long_context_pair(make_word_tokenizer, with_draft: bool = False) -> LoadedPair:
+    """The tiny word pair with room for prompts of over a thousand tokens, and a draft if asked."""
+    tokenizer = make_word_tokenizer(WORDS, chat_template=TEMPLATE, eos_token="<pad>")
+
+    def model(seed: int) -> LoadedModel:
+        return LoadedModel(tiny_llama(seed=seed, vocab_size=64), tokenizer, torch.device("cpu"), torch.float32,
+                           "fp32", "tiny", context_length=1536)
+
+    pair = LoadedPair(
+        PairConfig("tiny", ModelSpec("tiny"), ModelSpec("tiny-draft") if with_draft else None),
+        model(3), model(4) if with_draft else None,
+    )
+    pair.stop_token_ids = frozenset()
+    return pair
+
+
+LONG_MESSAGE = " ".join(WORDS[i % 50] for i in range(1200))  # about 1,200 prompt tokens
+
+
+def test_a_long_prompt_is_read_with_progress_before_the_first_text(make_word_tokenizer):
+    pair = long_context_pair(make_word_tokenizer)
+    events = run(pair.generate([Message("user", LONG_MESSAGE)], DecodeSettings(method="ar", max_new_tokens=4)))
+    first_text = next(i for i, e in enumerate(events) if isinstance(e, TextDelta))
+    progress = [e for e in events if isinstance(e, PromptProgress)]
+    assert all(isinstance(e, PromptProgress) for e in events[1:first_text])
+    assert len(progress) == first_text - 1 >= 5  # 0%, then one per 256-token chunk
+    prompt_tokens = events[0].prompt_tokens
+    assert {e.tokens_total for e in progress} == {prompt_tokens - 1}  # the last token is the first round's
+    done = [e.tokens_done for e in progress]
+    assert done[0] == 0 and done == sorted(set(done)) and progress[-1].fraction == 1.0
+    assert events[-1].stats.target_calls == 4  # reading the prompt is not a round
+
+
+def test_a_short_prompt_or_a_cached_conversation_is_read_without_progress(make_word_tokenizer):
+    pair = long_context_pair(make_word_tokenizer)
+    settings = DecodeSettings(method="ar", max_new_tokens=4)
+    assert not any(isinstance(e, PromptProgress) for e in run(pair.generate([Message("user", "w1 w2 w3")], settings)))
+    first = run(pair.generate([Message("user", LONG_MESSAGE)], settings))[-1]
+    follow_up = [Message("user", LONG_MESSAGE), Message("assistant", first.text), Message("user", "w4 w5")]
+    assert not any(isinstance(e, PromptProgress) for e in run(pair.generate(follow_up, settings)))  # cached
+
+
+@pytest.mark.parametrize("method", ["ar", "chain", "tree"])
+def test_reading_a_prompt_in_chunks_gives_the_reply_of_one_forward(make_word_tokenizer, monkeypatch, method):
+    settings = DecodeSettings(method=method, max_new_tokens=24, tree_shape="8x3")
+    messages = [Message("user", LONG_MESSAGE)]
+    chunked = run(long_context_pair(make_word_tokenizer, with_draft=True).generate(messages, settings))
+    assert any(isinstance(e, PromptProgress) for e in chunked)
+    monkeypatch.setattr(engine.session, "PROMPT_PROGRESS_MIN_TOKENS", 10**6)
+    whole = run(long_context_pair(make_word_tokenizer, with_draft=True).generate(messages, settings))
+    assert not any(isinstance(e, PromptProgress) for e in whole)
+    assert chunked[-1].token_ids == whole[-1].token_ids
+    reference = run(long_context_pair(make_word_tokenizer).generate(messages, settings.with_changes(method="ar")))
+    assert chunked[-1].token_ids == reference[-1].token_ids  # greedy speculative output is the target's
+
+
+def test_stopping_while_a_prompt_is_read_ends_the_reply_before_its_first_token(make_word_tokenizer):
+    pair = long_context_pair(make_word_tokenizer)
+    generation = pair.generate([Message("user", LONG_MESSAGE)], DecodeSettings(method="ar", max_new_tokens=4))
+    events = []
+    for event in generation:
+        events.append(event)
+        if isinstance(event, PromptProgress) and event.tokens_done > 0:
+            generation.stop()
+    assert [e.tokens_done for e in events if isinstance(e, PromptProgress)] == [0, 256]
+    assert events[-1].stop_reason == "stopped" and events[-1].token_ids == ()

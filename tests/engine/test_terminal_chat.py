@@ -3,13 +3,14 @@ end the chat."""
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 
 from engine.chat_prompt import Message
 from engine.config import DecodeSettings
 from engine.terminal_chat import TerminalChat
-from tests.engine.test_session import interrupt_target_call
+from tests.engine.test_session import LONG_MESSAGE, interrupt_target_call, long_context_pair
 from tests.engine.test_terminal_input import PastingTerminal
 from tests.engine.tiny_models import tiny_word_pair
 
@@ -74,3 +75,37 @@ def test_a_pasted_paragraph_is_sent_as_one_message(tiny_pair):
 def test_the_help_says_how_to_write_a_message_of_several_lines(tiny_pair):
     _chat, printed = chat_with(tiny_pair, ["/help"])
     assert "paste" in printed and '"""' in printed and "\\" in printed
+
+
+class TerminalScreen(io.StringIO):
+    """What a terminal was sent."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("output", ["terminal", "piped"])
+def test_a_long_message_shows_how_far_reading_it_got(make_word_tokenizer, output):
+    pair = long_context_pair(make_word_tokenizer)
+    screen, errors = (TerminalScreen(), io.StringIO()) if output == "terminal" else (io.StringIO(), TerminalScreen())
+    lines = iter([LONG_MESSAGE, "/quit"])
+    chat = TerminalChat(pair, DecodeSettings(method="ar", max_new_tokens=4), None,
+                        read=lambda prompt: next(lines), out=screen, stderr=errors)
+    assert chat.run() == 0
+    progress_shown = (screen if output == "terminal" else errors).getvalue()
+    percentages = [int(p) for p in re.findall(r"reading your message… (\d+)%", progress_shown)]
+    assert len(percentages) >= 5 and percentages == sorted(percentages)
+    assert percentages[0] == 0 and percentages[-1] == 100
+    if output == "terminal":  # all of it before the reply's first word
+        reply_start = progress_shown.index(chat.history[1].content.split()[0], progress_shown.index("tandem> "))
+        assert progress_shown.rindex("100%") < reply_start
+    else:
+        assert progress_shown.endswith("100%\033[K\n")  # the finished line stays
+        assert "reading" not in screen.getvalue()  # the piped transcript holds the conversation only
+
+
+def test_a_short_message_shows_no_reading_progress(tiny_pair):
+    screen = TerminalScreen()
+    lines = iter(["w1 w2", "/quit"])
+    TerminalChat(tiny_pair, DecodeSettings(method="ar", max_new_tokens=4), None, read=lambda p: next(lines), out=screen).run()
+    assert "reading your message" not in screen.getvalue()
