@@ -5,6 +5,7 @@ imported on first use there, so the window opens before the heavy imports finish
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -32,6 +33,8 @@ class LocalEngine:
         self._tokenizers: dict[str, Any] = {}  # by model source: reading one can take seconds
 
     def load_pair(self, config: PairConfig, progress: Progress) -> Any:
+        if "engine.session" not in sys.modules:  # the first load imports torch and transformers first
+            progress("Starting the engine…", None)
         from engine.session import load_pair
 
         return load_pair(config, progress)

@@ -2,7 +2,7 @@
 on the right; a toolbar to switch pair and method; load progress in the status bar."""
 from __future__ import annotations
 
-from PySide6.QtCore import QSettings, Qt, Slot
+from PySide6.QtCore import QSettings, Qt, QTimer, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QColor, QKeySequence, QPixmap
 from PySide6.QtWidgets import (
     QComboBox,
@@ -26,6 +26,7 @@ from .chat_view import ChatPane
 from .conversation_list import ConversationList
 from .engine_api import EngineApi, LocalEngine
 from .error_text import error_text
+from .load_steps import LoadSteps
 from .message_widget import is_dark
 from .provenance import DARK_COLOURS, LEGEND, LIGHT_COLOURS
 from .settings import AppSettings, load_settings, save_settings
@@ -38,8 +39,9 @@ LAYOUT_FILE = "window.ini"
 PAIR_NAME_CHARS = 40  # the pair switch widens to fit names up to about this many characters
 WELCOME = "Ask anything. Replies are written on this machine, offline."
 FIRST_LOAD = (
-    "Loading the model pair… On the first start the bundled demo model is converted once, "
-    "which takes about 20 seconds. You can type your first message meanwhile."
+    "Loading the model pair… On the first start the bundled demo model is prepared once, "
+    "which can take half a minute; the status bar below says what it is doing. "
+    "You can type your first message meanwhile."
 )
 
 
@@ -152,6 +154,10 @@ class MainWindow(QMainWindow):
 
     def _build_status_bar(self) -> None:
         bar = self.statusBar()
+        self.load_steps: LoadSteps | None = None  # of the latest load asked for
+        self.load_clock = QTimer(self)  # counts the seconds of the step in progress
+        self.load_clock.setInterval(1000)
+        self.load_clock.timeout.connect(self._show_load_step)
         self.load_label = QLabel()
         self.load_progress = QProgressBar()
         self.load_progress.setMaximumWidth(180)
@@ -225,13 +231,26 @@ class MainWindow(QMainWindow):
     def request_pair(self, config: PairConfig) -> None:
         """Load `config` on the worker; the chat stays usable with the current pair meanwhile."""
         self.client.load_pair(config)
-        self.load_label.setText(f"Loading “{config.name}”…")
+        self.load_steps = LoadSteps(f"Loading “{config.name}”…")
+        self._show_load_step()
+        self.load_clock.start()
         self.load_progress.setRange(0, 0)
         self.load_progress.setVisible(True)
 
+    @Slot()
+    def _show_load_step(self) -> None:
+        self.load_label.setText(self.load_steps.line())
+        self.load_label.setToolTip(self.load_steps.history())
+
+    def _load_ended(self) -> None:
+        if self.client.loading is None:
+            self.load_clock.stop()
+
     @Slot(str, object)
     def _on_load_progress(self, message: str, fraction: float | None) -> None:
-        self.load_label.setText(message)
+        if self.load_steps is not None:
+            self.load_steps.report(message)
+            self._show_load_step()
         if fraction is None:
             self.load_progress.setRange(0, 0)
         else:
@@ -241,9 +260,13 @@ class MainWindow(QMainWindow):
     @Slot(object)
     def _on_pair_loaded(self, info: PairInfo) -> None:
         description = info.description
+        self._load_ended()
+        latest = self.load_steps is not None and self.client.loading is None  # not one a later request replaced
+        loaded_in = f" · loaded in {int(self.load_steps.total_s())} s" if latest else ""
         self.load_label.setText(
             f"Ready: {description.get('target')} + {description.get('draft')} "
             f"on {description.get('device')} ({description.get('precision')}, {description.get('runtime', 'torch')})"
+            + loaded_in
         )
         self.load_progress.setVisible(self.client.loading is not None)
         self.setWindowTitle(f"Tandem — {info.config.name}")
@@ -261,6 +284,7 @@ class MainWindow(QMainWindow):
 
     @Slot(object, object)
     def _on_load_failed(self, config: PairConfig, error: Exception) -> None:
+        self._load_ended()
         self.load_progress.setVisible(self.client.loading is not None)
         current = self.client.pair
         demo = demo_pair()

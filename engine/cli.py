@@ -10,10 +10,7 @@ import sys
 from pathlib import Path
 
 from .config import CHAT_DEFAULT_TEMPERATURE, DEVICES, METHODS, PRECISIONS, RUNTIMES, VERIFIERS, ConfigError, DecodeSettings, ModelSpec, PairConfig, default_method
-from .distill.command import add_distill_command
-from .drafters.ngram_table import add_ngram_table_command
 from .errors import TandemError
-from .gguf_export import add_export_gguf_command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +37,12 @@ def _launch_desktop_app() -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+    # Imported here, not at the top: these modules import torch and transformers (3 s warm,
+    # 14 s from a cold disk), which `tandem` alone must not wait for before opening its window.
+    from .distill.command import add_distill_command
+    from .drafters.ngram_table import add_ngram_table_command
+    from .gguf_export import add_export_gguf_command
+
     parser = argparse.ArgumentParser(
         prog="tandem",
         description="Offline chat with local language models, sped up by speculative decoding. "

@@ -175,7 +175,7 @@ def _load_with_llamacpp(spec: ModelSpec, gguf: Path, report: ProgressCallback, a
         report(f"Converting {gguf.name} to {llamacpp_library.QUANTISED_FILE_TYPES[precision][1]} (first use only)…", None)
         gguf = llamacpp_library.quantised_copy(gguf, precision)
     folder = None if _gguf_path(spec) is not None else Path(spec.source).expanduser()
-    tokenizer = _load_tokenizer(folder) if folder is not None else _gguf_tokenizer(original)
+    tokenizer = _load_tokenizer(folder) if folder is not None else _gguf_tokenizer(original, report)
     report("Loading weights (llama.cpp)…", None)
     weights = load_weights(gguf, use_gpu=spec.device != "cpu")  # offloads only where the build can
     context_length = min(weights.context_length or FALLBACK_CONTEXT_LENGTH, MAX_CONTEXT_LENGTH)
@@ -196,7 +196,7 @@ def _load_with_llamacpp(spec: ModelSpec, gguf: Path, report: ProgressCallback, a
     )
 
 
-def _gguf_tokenizer(gguf: Path) -> Any:
+def _gguf_tokenizer(gguf: Path, report: ProgressCallback | None = None) -> Any:
     """The tokenizer stored in a GGUF file, read once (~4 s) and cached as a Hugging Face
     tokenizer folder (well under a second), keyed by the file and the transformers version
     that read it: a converter that changes its mind gets a fresh cache."""
@@ -210,6 +210,7 @@ def _gguf_tokenizer(gguf: Path) -> Any:
     cached = cache_dir() / "tokenizers" / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
     if cached.is_dir():
         return _load_tokenizer(cached)
+    (report or _ignore_progress)(f"Reading the tokenizer in {gguf.name} (first use only, a few seconds)…", None)
     tokenizer = _read_gguf_tokenizer(gguf)
     _write_atomically(cached, tokenizer.save_pretrained)
     return tokenizer
@@ -303,9 +304,14 @@ def _gguf_path(spec: ModelSpec) -> Path | None:
     return path
 
 
+# How long converting the demo GGUF for torch takes: 15-20 s on the 2-core development CPU
+# (docs/GUI.md); a first start waits for it, so the loading line says so.
+DEMO_CONVERSION_ESTIMATE = "about 20–25 s"
+
+
 def _conversion_message(spec: ModelSpec, gguf: Path) -> str:
     if spec.source == DEMO_TARGET:
-        return "Converting the demo model (first start only)…"
+        return f"Converting the demo model (first start only, {DEMO_CONVERSION_ESTIMATE})…"
     return f"Converting {gguf.name} (first use only)…"
 
 
