@@ -364,7 +364,8 @@ class MainWindow(QMainWindow):
     def set_decoding(self, decoding: DecodeSettings) -> None:
         self.settings.decoding = decoding
         save_settings(self.settings)
-        self.method_combo.setCurrentIndex(max(self.method_combo.findData(decoding.method), 0))
+        # The method replies will use: a saved one the pair lacks (trees, say) falls back.
+        self.method_combo.setCurrentIndex(max(self.method_combo.findData(self.decode_settings().method), 0))
         if not decoding.greedy:
             self._sampling_temperature = decoding.temperature
         self.greedy_action.setChecked(decoding.greedy)

@@ -168,6 +168,7 @@ def test_replies_are_sampled_by_default_and_greedy_is_one_click_away(ready_windo
 
     window.greedy_action.trigger()  # one click
     assert window.greedy_action.isChecked()
+    assert window.method_combo.currentData() == window.decode_settings().method == "chain"  # unchanged
     with qtbot.waitSignal(window.client.finished, timeout=5000):
         window.regenerate_action.trigger()
     assert engine.requests[-1][1].temperature == 0.0
