@@ -4,7 +4,9 @@
     .venv/bin/python -m tests.app.screenshots long-chat recovery     # only these sets
 
 Sets: `tour` (the main window, settings and pair picker), `long-chat` (the newest reply in
-view after a 40,000-character message), `recovery` (a corrupt chats file set aside).
+view after a 40,000-character message), `recovery` (a corrupt chats file set aside),
+`rough-edges` (issue 13: the Greedy toggle, long pair names, reading a long message over the
+fake engine, and a first start converting the demo model for torch, with the real engine).
 
 Runs in a private TANDEM_HOME (converted weights are shared with the user cache) on the
 offscreen platform unless a display is set. The pair picker lists the converted demo folder,
@@ -179,7 +181,77 @@ def take_screenshots(app: QApplication, window, home: Path, cache: Path) -> None
     dialog.reject()
 
 
-SETS = {"tour": tour, "long-chat": long_chat, "recovery": recovery}
+def rough_edges(app: QApplication, home: Path) -> None:
+    """Issue 13's rough edges, fixed: the fake engine for the window's own behaviour, the real
+    one for the first start's loading line."""
+    from app.main_window import MainWindow
+    from engine.config import ModelSpec, PairConfig
+    from engine.pairs import save_user_pairs
+    from tests.app.fake_engine import FakeEngine
+
+    models = "/home/someone/models"
+    save_user_pairs([
+        PairConfig("qwen2.5-7b-instruct + 0.5b draft", ModelSpec(f"{models}/Qwen2.5-7B-Instruct-Q4_K_M.gguf"),
+                   ModelSpec(f"{models}/Qwen2.5-0.5B-Instruct-Q8_0.gguf")),
+        PairConfig("llama 3.1 8b, n-gram drafts", ModelSpec(f"{models}/Meta-Llama-3.1-8B-Instruct")),
+    ])
+    engine = FakeEngine(token_delay_s=0.4, reading_chunks=12)
+    window = MainWindow(engine)
+    window.resize(1200, 720)
+    window.show()
+    try:
+        wait_until(app, lambda: window.client.pair is not None, 10)
+        window.request_pair(window.pair_named("qwen2.5-7b-instruct + 0.5b draft"))
+        wait_until(app, lambda: window.client.loading is None and window.client.pair.config.name.startswith("qwen"), 10)
+        window.greedy_action.trigger()
+        app.processEvents()
+        save(window.findChild(QWidget, "mainToolbar"), "toolbar-greedy-and-pair-name.png")
+        window.greedy_action.trigger()
+
+        dialog = window.open_settings()
+        wait_until(app, lambda: dialog.isVisible(), 5)
+        save(dialog, "settings-pair-list-wrapped.png")
+        dialog.tabs.setCurrentIndex(1)
+        dialog.decoding.temperature.setValue(0.0)
+        app.processEvents()
+        save(dialog, "settings-decoding-greedy.png")
+        dialog.reject()
+
+        window.pane.input.setPlainText("Summarise this report: " + "lorem ipsum dolor sit amet " * 40)
+        window.pane.send_button.click()
+        wait_until(app, lambda: "42%" in window.speed_panel.caption.text(), 20)
+        save(window, "reading-a-long-message.png")
+        wait_until(app, lambda: not window.client.generating, 120)
+    finally:
+        window.close()
+    first_start(app)
+
+
+def seconds_shown(window) -> int:
+    """The seconds the loading line counts for its step (a busy engine thread may skip one)."""
+    return int(window.load_label.text().rsplit(" ", 2)[-2])
+
+
+def first_start(app: QApplication) -> None:
+    """A first start of a base install (no llama.cpp): the demo model is converted for torch."""
+    import tempfile
+
+    from engine.runtime import llamacpp_library
+
+    os.environ["TANDEM_HOME"] = tempfile.mkdtemp(prefix="tandem-screenshots-first-start-")  # no converted weights
+    llamacpp_library.available = lambda: False
+    window = open_window(app)
+    window.resize(1200, 720)
+    try:
+        wait_until(app, lambda: window.load_label.text().startswith("Converting") and seconds_shown(window) >= 6, 120)
+        save(window, "first-start-converting.png")
+        wait_until(app, lambda: window.client.pair is not None, 300)
+        save(window.statusBar(), "first-start-ready.png")
+    finally:
+        window.close()
+
+
+SETS = {"tour": tour, "long-chat": long_chat, "recovery": recovery, "rough-edges": rough_edges}
 
 
 if __name__ == "__main__":
