@@ -80,17 +80,19 @@ class LoadedModel:
     folder: Path | None = None  # where its files are, for companions such as an n-gram table
     runtime: str = "torch"
     gpu_layers: int = 0  # llama.cpp: how many layers it offloaded to a GPU (-1: all)
-    runtime_factory: Callable[[], ModelRuntime] | None = None
+    runtime_factory: Callable[[bool], ModelRuntime] | None = None  # (hidden_states) -> runtime
     extra_stop_ids: frozenset[int] = frozenset()  # end-of-turn ids the weights' own metadata names
     release: Callable[[], None] | None = None  # frees what the garbage collector cannot see
 
-    def open_runtime(self) -> ModelRuntime:
+    def open_runtime(self, hidden_states: bool = False) -> ModelRuntime:
+        """A fresh cache over the weights; `hidden_states` makes it return the final hidden
+        state beside the logits (`ModelRuntime.last_hidden_states`)."""
         if self.runtime_factory is not None:
-            return self.runtime_factory()
+            return self.runtime_factory(hidden_states)
         if captures_graphs(self.model, self.device):
             # Room past the context for the last round's tree (its budget is at most 64 tokens).
-            return StaticTorchRuntime(self.model, self.device, self.context_length + 128)
-        return TorchRuntime(self.model, self.device)
+            return StaticTorchRuntime(self.model, self.device, self.context_length + 128, hidden_states=hidden_states)
+        return TorchRuntime(self.model, self.device, hidden_states=hidden_states)
 
     @property
     def stop_token_ids(self) -> frozenset[int]:
@@ -190,7 +192,7 @@ def _load_with_llamacpp(spec: ModelSpec, gguf: Path, report: ProgressCallback, a
         folder=folder,
         runtime="llama.cpp" + (" (GPU)" if weights.gpu_layers else ""),
         gpu_layers=weights.gpu_layers,
-        runtime_factory=lambda: LlamaCppRuntime(weights, context_length),
+        runtime_factory=lambda hidden_states: LlamaCppRuntime(weights, context_length, hidden_states=hidden_states),
         extra_stop_ids=weights.eos_token_ids,
         release=weights.close,
     )

@@ -25,6 +25,9 @@ class ModelRuntime(ABC):
     name: str = "runtime"
     #: whether branches (`forward_tree`, `keep_slots` over a tree) are supported
     supports_trees: bool = True
+    #: whether `last_hidden_states` works: set by a runtime opened with hidden states, which
+    #: learned heads on a draft (SPRINTER's verifier, SpecDec++'s stop rule) read
+    returns_hidden: bool = False
 
     def __init__(self, vocab_size: int):
         self.vocab_size = vocab_size
@@ -116,6 +119,11 @@ class ModelRuntime(ABC):
         if length > self.chain_length:
             raise ValueError("cannot crop into a token tree; keep a path with keep_slots")
         self.keep_slots(length, [])
+
+    def last_hidden_states(self) -> torch.Tensor:
+        """(N, D) float32: the final-norm hidden states of the N tokens the last forward
+        returned logits for, row for row (the states the LM head turned into those logits)."""
+        raise ValueError(f"this {self.name} runtime was opened without hidden states")
 
     def close(self) -> None:
         """Free what the runtime holds outside Python's memory (a llama.cpp context)."""

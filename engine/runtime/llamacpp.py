@@ -104,6 +104,7 @@ class LlamaCppRuntime(ModelRuntime):
         # final-norm hidden state beside its logits (what learned verifier heads read).
         params.embeddings = hidden_states
         params.pooling_type = 0  # LLAMA_POOLING_TYPE_NONE
+        self.returns_hidden = hidden_states
         self._hidden_width = self._llama.llama_model_n_embd(weights.handle) if hidden_states else 0
         self._hidden: np.ndarray | None = None
         self._context = self._llama.llama_init_from_model(weights.handle, params)
@@ -156,10 +157,8 @@ class LlamaCppRuntime(ModelRuntime):
         return torch.from_numpy(logits)
 
     def last_hidden_states(self) -> torch.Tensor:
-        """The final-norm hidden states of the last forward's output tokens, (N, D); only
-        for a runtime made with `hidden_states=True`."""
         if self._hidden is None:
-            raise ValueError("this runtime was made without hidden states")
+            return super().last_hidden_states()
         return torch.from_numpy(self._hidden)
 
     def _keep(self, prefix: int, extra_slots: list[int]) -> None:

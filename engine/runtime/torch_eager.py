@@ -23,10 +23,12 @@ def keeps_every_position(model: torch.nn.Module) -> bool:
 class TorchRuntime(ModelRuntime):
     name = "torch"
 
-    def __init__(self, model: torch.nn.Module, device: torch.device):
+    def __init__(self, model: torch.nn.Module, device: torch.device, hidden_states: bool = False):
         super().__init__(model.get_output_embeddings().weight.shape[0])
         self.model = model
         self.device = device
+        self.returns_hidden = hidden_states
+        self._hidden: torch.Tensor | None = None
         self.supports_trees = keeps_every_position(model)
         self.cache = DynamicCache(config=model.config)
 
@@ -72,7 +74,16 @@ class TorchRuntime(ModelRuntime):
 
     def _call(self, **inputs):
         with torch.inference_mode():
-            return self.model(**inputs, past_key_values=self.cache, use_cache=True)
+            output = self.model(**inputs, past_key_values=self.cache, use_cache=True, output_hidden_states=self.returns_hidden)
+        if self.returns_hidden:
+            # transformers' last entry is after the final norm: what the LM head reads.
+            self._hidden = output.hidden_states[-1][0, -output.logits.shape[1]:].float()
+        return output
+
+    def last_hidden_states(self) -> torch.Tensor:
+        if self._hidden is None:
+            return super().last_hidden_states()
+        return self._hidden
 
     def _keep(self, prefix: int, extra_slots: list[int]) -> None:
         moved = [(slot, prefix + offset) for offset, slot in enumerate(extra_slots) if slot != prefix + offset]

@@ -114,8 +114,12 @@ class StaticTorchRuntime(ModelRuntime):
     is a CUDA graph (`graphs=False` runs the same static forward eagerly: the CPU tests
     check it against the eager runtime)."""
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, capacity: int, graphs: bool | None = None):
+    def __init__(
+        self, model: torch.nn.Module, device: torch.device, capacity: int, graphs: bool | None = None, hidden_states: bool = False
+    ):
         super().__init__(model.get_output_embeddings().weight.shape[0])
+        if hidden_states:
+            raise ValueError("the static-cache runtime does not return hidden states yet")
         self.device = device
         self.graphs_enabled = device.type == "cuda" if graphs is None else graphs
         self.name = "torch + CUDA graphs" if self.graphs_enabled else "torch (static cache)"

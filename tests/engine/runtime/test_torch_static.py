@@ -100,7 +100,7 @@ def tiny_pair(make_word_tokenizer, runtime_factory) -> LoadedPair:
     def loaded() -> LoadedModel:
         return LoadedModel(
             model, tokenizer, torch.device("cpu"), torch.float32, "fp32", "tiny", context_length=200,
-            runtime_factory=lambda: runtime_factory(model),
+            runtime_factory=lambda hidden_states: runtime_factory(model),
         )
 
     pair = LoadedPair(PairConfig("tiny", ModelSpec("tiny"), ModelSpec("tiny")), loaded(), loaded())
