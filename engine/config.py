@@ -16,11 +16,17 @@ DEVICES = ("auto", "cpu", "cuda")
 # Which runtime runs a pair's models: "auto" is llama.cpp for a model that has a GGUF file
 # (when llama-cpp-python is installed), torch for everything else.
 RUNTIMES = ("auto", "torch", "llama.cpp")
-METHODS = ("ar", "chain", "tree", "staged", "ngram")
+METHODS = ("ar", "chain", "tree", "staged", "ngram", "adaptive", "sprinter")
 # Methods that decode with token trees; the draft model grows the trees, so only they
 # need one, and the others run with any pair.
 TREE_METHODS = ("tree", "staged")
-DRAFT_MODEL_METHODS = TREE_METHODS
+# Methods that read learned heads on the draft's hidden state (`tandem calibrate` trains
+# them per pair): SpecDec++'s adaptive draft length (exact) and SPRINTER (approximate).
+HEAD_METHODS = ("adaptive", "sprinter")
+DRAFT_MODEL_METHODS = TREE_METHODS + HEAD_METHODS
+# Methods whose output is not distributed exactly as the target's own: SPRINTER emits
+# tokens its learned verifier passes without the target checking them. Labelled everywhere.
+APPROXIMATE_METHODS = ("sprinter",)
 VERIFIERS = ("token", "block")
 
 # What precision="auto" means. On the CPU, bf16 runs a forward faster than fp32, but its
@@ -149,6 +155,12 @@ class DecodeSettings:
     seed: int | None = None
     stats_every_s: float = 0.25
     tree_shape: str = "auto"
+    # SpecDec++ (`adaptive`): stop drafting once the head's P(some token so far is rejected)
+    # exceeds this (the paper's h ~ 0.7), after at most `adaptive_max_tokens`.
+    adaptive_stop_threshold: float = 0.7
+    adaptive_max_tokens: int = 16
+    # SPRINTER: at most this many tokens in a row go out unchecked before the target runs.
+    sprinter_max_unchecked: int = 16
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -165,6 +177,12 @@ class DecodeSettings:
             raise ConfigError("top_k must not be negative")
         if not 1 <= self.draft_tokens <= 64:
             raise ConfigError("draft_tokens must be between 1 and 64")
+        if not 0 < self.adaptive_stop_threshold < 1:
+            raise ConfigError("adaptive_stop_threshold must be in (0, 1)")
+        if not 1 <= self.adaptive_max_tokens <= 64:
+            raise ConfigError("adaptive_max_tokens must be between 1 and 64")
+        if not 1 <= self.sprinter_max_unchecked <= 256:
+            raise ConfigError("sprinter_max_unchecked must be between 1 and 256")
         self.fixed_tree_shape  # validates
 
     @property
@@ -182,6 +200,11 @@ class DecodeSettings:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def exact(self) -> bool:
+        """Whether replies follow the target's own distribution (every method but SPRINTER)."""
+        return self.method not in APPROXIMATE_METHODS
 
     def with_changes(self, **changes: Any) -> DecodeSettings:
         return replace(self, **changes)

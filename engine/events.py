@@ -14,6 +14,7 @@ class Provenance(str, Enum):
     DRAFT = "draft"  # proposed by the drafter and accepted by the target's verification
     TARGET = "target"  # produced by the target after it rejected a draft token (or in `ar`)
     BONUS = "bonus"  # the target's extra token after it accepted every draft token
+    UNCHECKED = "unchecked"  # SPRINTER: drafted and passed by the learned verifier; the target never saw it
 
 
 @dataclass(frozen=True)

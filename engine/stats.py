@@ -32,6 +32,11 @@ class GenerationStats:
     # The stop token that ended the reply (0 or 1): a target call produced it, but it is not
     # part of the reply, so it is counted here and not in tokens_generated.
     stop_tokens: int = 0
+    # SPRINTER: tokens its learned verifier let out without the target checking them, and
+    # rounds that ended without a target call. `exact` is False for such a reply.
+    unchecked_tokens: int = 0
+    target_calls_skipped: int = 0
+    exact: bool = True
 
     def record_round(self, proposed: int, accepted: int) -> None:
         """Count one verified round: `proposed` draft tokens, the first `accepted` of them kept."""
