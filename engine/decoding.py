@@ -15,7 +15,7 @@ from .runtime import ModelRuntime
 from .sampling import Sampler
 from .tree import TokenTree, forward_tree, keep_path, verify_tree_greedy, verify_tree_sampled
 from .tree_shape import TreePolicy
-from .verify import verify_block, verify_greedy, verify_token_level
+from .verify import ChainVerifier
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,8 @@ class RoundOutcome:
     tree_nodes: int = 0  # drafted nodes verified, for trees
     stage_proposed: int = 0
     stage_accepted: int = 0
+    target_called: bool = True  # False for a SPRINTER round whose verifier flagged nothing
+    unchecked: int = 0  # SPRINTER: leading tokens that went out without the target checking them
 
 
 def speculative_round(
@@ -38,7 +40,7 @@ def speculative_round(
     context: list[int],
     draft_tokens: int,
     sampler: Sampler,
-    verifier: str = "block",
+    verify: ChainVerifier,
 ) -> RoundOutcome:
     # 1. draft
     started = time.perf_counter()
@@ -47,13 +49,7 @@ def speculative_round(
 
     # 2. verify: one target forward over what its cache lacks plus the whole draft
     logits = target.logits_for(context, proposal.tokens)  # (K+1, V)
-    if sampler.greedy:
-        verdict = verify_greedy(proposal.tokens, logits)
-    else:
-        target_probs = sampler.probabilities(logits)
-        draft_probs = proposal.distributions(target_probs.shape[-1])
-        verify = verify_block if verifier == "block" else verify_token_level
-        verdict = verify(proposal.tokens, draft_probs, target_probs, sampler)
+    verdict = verify(proposal.tokens, proposal.probs, logits, sampler)
 
     # 3. roll the target back to the accepted prefix; its own token is not cached yet
     target.crop(len(context) + verdict.accepted)

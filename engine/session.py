@@ -19,21 +19,26 @@ import torch
 
 from .chat_prompt import Message, build_prompt
 from .compat import check_pair_compatible
-from .config import DRAFT_MODEL_METHODS, ConfigError, DecodeSettings, PairConfig
+from .config import DRAFT_MODEL_METHODS, HEAD_METHODS, ConfigError, DecodeSettings, PairConfig
 from .decoding import RoundOutcome, speculative_round, time_verify, tree_round
+from .drafters.adaptive import AdaptiveLength
 from .detokenize import IncrementalDetokenizer
 from .drafters.backoff_ngram import TABLE_FILE, BackoffNgram, BackoffNgramDrafter, NgramCounts
 from .drafters.base import Drafter, NoDrafter
 from .drafters.model_drafter import ModelDrafter
 from .drafters.ngram import NgramDrafter
 from .drafters.tree_drafter import TreeDrafter, TreeShape
-from .errors import OutOfMemoryError
+from .errors import ModelLoadError, OutOfMemoryError
 from .events import Event, Finished, PromptPrepared, PromptProgress, Provenance, StatsUpdate, TextDelta
+from .heads.features import EXTRA_FEATURES
+from .heads.store import DraftHeads, find_heads
 from .models import LoadedModel, load_model
 from .runtime import ModelRuntime
 from .sampling import Sampler
+from .sprinter import sprinter_round
 from .stats import GenerationStats
 from .tree_shape import AutoTreeShape, FixedTreeShape, TreePolicy
+from .verify import exact_verifier
 
 ProgressCallback = Callable[[str, "float | None"], None]
 
@@ -60,27 +65,57 @@ class LoadedPair:
         self.tokenizer = target.tokenizer
         self.vocab_size = self.target_runner.vocab_size
         self.ngram_model = BackoffNgram(self.vocab_size, _background_table(draft))
-        self.tree_drafters: dict[str, TreeDrafter] = {}
-        self.draft_runner = draft.open_runtime() if draft is not None else None
-        if self.draft_runner is not None:
-            # One draft cache serves every method: each round starts by syncing it with the context.
-            draft_runner = self.draft_runner
-            self.drafter: Drafter = ModelDrafter(draft_runner, self.vocab_size)
-            if self.target_runner.supports_trees and draft_runner.supports_trees:
-                self.tree_drafters = {
-                    "tree": TreeDrafter(draft_runner, self.vocab_size),
-                    "staged": TreeDrafter(draft_runner, self.vocab_size, second_stage=self.ngram_model),
-                }
-        else:
-            self.drafter = NgramDrafter(config.ngram.max_ngram, config.ngram.min_ngram)
+        self.heads: DraftHeads | None = None
+        self.heads_problem: str | None = None  # why calibrated heads could not be used
+        if draft is not None:
+            try:
+                self.heads = find_heads(config.name, target.label, draft.label, draft.folder)
+            except ModelLoadError as error:
+                self.heads_problem = str(error)
+        self.draft_runner: ModelRuntime | None = None
+        self._open_drafters()
         # Automatic tree shapes keep what they learnt (costs, acceptance per depth) across replies.
         self.auto_tree_shapes = {method: AutoTreeShape() for method in self.tree_drafters}
         self.context_length = min(target.context_length, draft.context_length if draft else target.context_length)
         self.stop_token_ids = target.stop_token_ids
 
+    def _open_drafters(self) -> None:
+        """Open the draft's cache (with hidden states when heads read them) and the drafters
+        over it. One draft cache serves every method: each round starts by syncing it."""
+        if self.draft_runner is not None:
+            self.draft_runner.close()
+        self.tree_drafters: dict[str, TreeDrafter] = {}
+        if self.draft is None:
+            self.drafter: Drafter = NgramDrafter(self.config.ngram.max_ngram, self.config.ngram.min_ngram)
+            return
+        self.draft_runner = draft_runner = self.draft.open_runtime(hidden_states=self.heads is not None)
+        if self.heads is not None and not self._heads_fit(draft_runner):
+            self.heads, self.heads_problem = None, "The calibrated heads were trained on a draft of another width; run tandem calibrate again."
+            draft_runner.close()
+            self.draft_runner = draft_runner = self.draft.open_runtime()
+        self.drafter = ModelDrafter(draft_runner, self.vocab_size)
+        if self.target_runner.supports_trees and draft_runner.supports_trees:
+            self.tree_drafters = {
+                "tree": TreeDrafter(draft_runner, self.vocab_size),
+                "staged": TreeDrafter(draft_runner, self.vocab_size, second_stage=self.ngram_model),
+            }
+
+    def _heads_fit(self, draft_runner: ModelRuntime) -> bool:
+        """Whether the heads read hidden states as wide as this draft's (one token's forward)."""
+        draft_runner.forward([0])
+        width = draft_runner.last_hidden_states().shape[-1]
+        draft_runner.reset()
+        return self.heads.feature_width == width + EXTRA_FEATURES
+
+    def attach_heads(self, heads: DraftHeads) -> None:
+        """Use newly calibrated heads: the draft's cache is reopened to return hidden states."""
+        self.heads, self.heads_problem = heads, None
+        self._open_drafters()
+
     @property
     def methods(self) -> tuple[str, ...]:
-        return ("ar", "chain", "ngram") + tuple(self.tree_drafters)
+        with_heads = HEAD_METHODS if self.heads is not None and self.draft_runner is not None else ()
+        return ("ar", "chain", "ngram") + tuple(self.tree_drafters) + with_heads
 
     @property
     def verifiers(self) -> tuple[tuple[str, str, bool], ...]:
@@ -222,17 +257,13 @@ class Generation:
         refusal = method_refusal(pair, settings.method)
         if refusal:
             raise ConfigError(refusal)
-        tree_drafter = pair.tree_drafters.get(settings.method)
-        policy = pair.tree_policy(settings) if tree_drafter else None
-        longest_tree = policy.shape().depth if policy else 0
-        lookahead = max(settings.draft_tokens, longest_tree) + 1 if settings.method != "ar" else 1
+        play_round, lookahead = _round_player(pair, settings)
         reserve = min(settings.max_new_tokens + lookahead, pair.context_length // 2)
         prompt = build_prompt(pair.tokenizer, self.messages, self.system_prompt, pair.context_length - reserve)
         yield PromptPrepared(len(prompt.token_ids), prompt.dropped_messages, pair.context_length)
 
         sampler = Sampler(settings.temperature, settings.top_k, settings.top_p, _generator(settings.seed))
-        drafter = pair.drafter_for(settings.method)
-        stats = GenerationStats(method=settings.method, prompt_tokens=len(prompt.token_ids))
+        stats = GenerationStats(method=settings.method, prompt_tokens=len(prompt.token_ids), exact=settings.exact)
         detokenizer = IncrementalDetokenizer(pair.tokenizer)
         context = list(prompt.token_ids)
         reply: list[int] = []
@@ -249,15 +280,7 @@ class Generation:
             room = pair.context_length - len(context) - 1
             if room < 1:
                 break  # the context is full: stop with "length"
-            if policy is not None and room > policy.shape().depth + 1:
-                outcome = tree_round(pair.target_runner, tree_drafter, context, policy, sampler)
-            elif policy is not None:  # near the end of the context window a tree may not fit: plain steps
-                outcome = speculative_round(pair.target_runner, NoDrafter(), context, 0, sampler, settings.verifier)
-            else:
-                draft_budget = 0 if settings.method == "ar" else min(settings.draft_tokens, room - 1)
-                outcome = speculative_round(
-                    pair.target_runner, drafter, context, max(draft_budget, 0), sampler, settings.verifier
-                )
+            outcome = play_round(context, room, sampler)
             tokens, kinds, hit_stop = self._trim(outcome, settings.max_new_tokens - len(reply))
             _count_round(stats, outcome)
             context += tokens
@@ -317,6 +340,53 @@ class Generation:
         return tokens, kinds, False
 
 
+RoundPlayer = Callable[[list[int], int, Sampler], RoundOutcome]  # (context, room left, sampler)
+
+
+def _round_player(pair: LoadedPair, settings: DecodeSettings) -> tuple[RoundPlayer, int]:
+    """How each round of a reply with `settings.method` runs, and how many tokens past the
+    context one round may write (room the prompt must leave). Every method is a drafter and a
+    verifier around one of three rounds: a chain (`ar` drafts nothing), a tree, SPRINTER's."""
+    target, verify = pair.target_runner, exact_verifier(settings.verifier)
+
+    def plain_step(context: list[int], room: int, sampler: Sampler) -> RoundOutcome:
+        return speculative_round(target, NoDrafter(), context, 0, sampler, verify)
+
+    method = settings.method
+    if method in pair.tree_drafters:
+        drafter, policy = pair.tree_drafters[method], pair.tree_policy(settings)
+
+        def play_tree(context: list[int], room: int, sampler: Sampler) -> RoundOutcome:
+            if room <= policy.shape().depth + 1:  # near the end of the context a tree may not fit
+                return plain_step(context, room, sampler)
+            return tree_round(target, drafter, context, policy, sampler)
+
+        return play_tree, policy.shape().depth + 1
+    if method == "sprinter":
+        draft, heads, longest = pair.draft_runner, pair.heads, settings.sprinter_max_unchecked
+
+        def play_sprinter(context: list[int], room: int, sampler: Sampler) -> RoundOutcome:
+            if room < 3:
+                return plain_step(context, room, sampler)
+            return sprinter_round(target, draft, heads, context, min(longest, room - 2), sampler, verify)
+
+        return play_sprinter, longest + 2
+    if method == "ar":
+        return plain_step, 1
+    if method == "adaptive":
+        heads, threshold = pair.heads, settings.adaptive_stop_threshold
+        drafter = ModelDrafter(pair.draft_runner, pair.vocab_size, lambda sampler: AdaptiveLength(heads, sampler, threshold))
+        longest = settings.adaptive_max_tokens
+    else:
+        drafter = pair.drafter_for(method)
+        longest = settings.draft_tokens
+
+    def play_chain(context: list[int], room: int, sampler: Sampler) -> RoundOutcome:
+        return speculative_round(target, drafter, context, max(min(longest, room - 1), 0), sampler, verify)
+
+    return play_chain, longest + 1
+
+
 def method_refusal(pair: LoadedPair, method: str) -> str | None:
     """Why `pair` cannot decode with `method`, or None when it can: asked when a method is
     chosen, so that a reply never finds out."""
@@ -326,6 +396,10 @@ def method_refusal(pair: LoadedPair, method: str) -> str | None:
         return f"The pair {pair.config.name!r} cannot decode with {method!r}."
     if pair.draft is None:
         return f"The pair {pair.config.name!r} cannot decode with {method!r}: it needs a draft model, and this pair has none."
+    if method in HEAD_METHODS:
+        why = pair.heads_problem or "its draft has no calibrated heads yet"
+        return (f"The pair {pair.config.name!r} cannot decode with {method!r}: {why} "
+                f"Calibrate them in Settings, or run: tandem calibrate --pair {pair.config.name!r}").replace("  ", " ")
     return (f"The pair {pair.config.name!r} cannot decode with {method!r}: token trees need full attention in "
             "every layer, and its models use sliding-window attention.")
 
@@ -342,7 +416,11 @@ class _Streamed:
 
 
 def _count_round(stats: GenerationStats, outcome: RoundOutcome) -> None:
-    stats.target_calls += 1
+    if outcome.target_called:
+        stats.target_calls += 1
+    else:
+        stats.target_calls_skipped += 1
+    stats.unchecked_tokens += outcome.unchecked
     stats.draft_calls += outcome.draft_calls
     stats.draft_time_s += outcome.draft_s
     stats.target_time_s += outcome.target_s

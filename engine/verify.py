@@ -7,6 +7,7 @@ prefix and after each draft token.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,28 @@ from .sampling import Sampler
 class Verdict:
     accepted: int  # how many draft tokens, from the start, the target keeps
     next_token: int  # the target's own token after them (correction or bonus)
+
+
+# The one signature every chain verifier has: (draft tokens, the (K, V) distributions they
+# were drawn from or None for point masses, the target's (K+1, V) logits, the sampler) ->
+# Verdict. Decoding rounds take one and never ask which it is.
+ChainVerifier = Callable[[list[int], "torch.Tensor | None", torch.Tensor, Sampler], "Verdict"]
+
+
+def exact_verifier(kind: str = "block") -> ChainVerifier:
+    """Exact verification: greedy agreement at temperature 0; otherwise block verification
+    ("block") or token-level speculative sampling ("token")."""
+    rule = verify_block if kind == "block" else verify_token_level
+
+    def verify(draft_tokens: list[int], draft_probs: torch.Tensor | None, target_logits: torch.Tensor, sampler: Sampler) -> Verdict:
+        if sampler.greedy:
+            return verify_greedy(draft_tokens, target_logits)
+        target_probs = sampler.probabilities(target_logits)
+        if draft_probs is None:
+            draft_probs = one_hot_rows(draft_tokens, target_probs.shape[-1])
+        return rule(draft_tokens, draft_probs, target_probs, sampler)
+
+    return verify
 
 
 def verify_greedy(draft_tokens: list[int], target_logits: torch.Tensor) -> Verdict:

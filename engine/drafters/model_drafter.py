@@ -1,5 +1,9 @@
-"""A small causal LM as drafter: K autoregressive steps over its own persistent KV cache."""
+"""A small causal LM as drafter: up to K autoregressive steps over its own persistent KV
+cache, optionally cut short by a stop rule (SpecDec++'s adaptive length)."""
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -8,40 +12,56 @@ from ..sampling import Sampler
 from .base import DraftProposal, Drafter
 
 
+class StopRule(Protocol):
+    """Told about each drafted token, says whether to stop drafting after it."""
+
+    def stop_after(self, token: int, probs: torch.Tensor, draft: ModelRuntime) -> bool: ...
+
+
 class ModelDrafter(Drafter):
     name = "draft model"
 
-    def __init__(self, draft: ModelRuntime, target_vocab_size: int):
+    def __init__(self, draft: ModelRuntime, target_vocab_size: int, stop_rule: Callable[[Sampler], StopRule] | None = None):
         self.draft = draft
         # Embedding tables are often padded past the tokenizer; verification works on the
         # target's vocabulary, so draft logits are cut or padded to its width.
         self.vocab_size = target_vocab_size
+        self.stop_rule = stop_rule  # made fresh for every proposal: (sampler) -> StopRule
 
     def propose(self, context: list[int], max_tokens: int, sampler: Sampler) -> DraftProposal:
         calls_before = self.draft.forward_calls
-        logits = self._fit_vocab(self.draft.logits_for(context)[-1])  # (V,)
+        stop = self.stop_rule(sampler) if self.stop_rule is not None else None
+        logits = fit_vocab(self.draft.logits_for(context)[-1], self.vocab_size)  # (V,)
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for step in range(max_tokens):
-            if sampler.greedy:
-                token = int(torch.argmax(logits))
-            else:
-                probs = sampler.probabilities(logits[None])[0]
-                token = sampler.draw(probs)
+            # A greedy draft without a stop rule needs no distribution: skip the softmax.
+            probs = draft_distribution(logits, sampler) if stop is not None or not sampler.greedy else None
+            token = int(torch.argmax(logits)) if sampler.greedy else sampler.draw(probs)
+            if not sampler.greedy:
                 rows.append(probs)
             tokens.append(token)
+            if stop is not None and stop.stop_after(token, probs, self.draft):
+                break
             if step + 1 < max_tokens:  # the last token's logits are the target's business
-                logits = self._fit_vocab(self.draft.forward([token])[-1])
+                logits = fit_vocab(self.draft.forward([token])[-1], self.vocab_size)
         probs = torch.stack(rows) if rows else None
         return DraftProposal(tokens, probs, self.draft.forward_calls - calls_before)
 
-    def _fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        width = logits.shape[-1]
-        if width > self.vocab_size:
-            return logits[..., : self.vocab_size]
-        if width < self.vocab_size:
-            return torch.nn.functional.pad(logits, (0, self.vocab_size - width), value=float("-inf"))
-        return logits
-
     def reset(self) -> None:
         self.draft.reset()
+
+
+def draft_distribution(logits: torch.Tensor, sampler: Sampler) -> torch.Tensor:
+    """(V,) logits -> the distribution the draft draws from; when greedy (a point mass on the
+    argmax is what is proposed) its plain softmax, which is what learned heads read."""
+    return torch.softmax(logits.float(), dim=-1) if sampler.greedy else sampler.probabilities(logits[None])[0]
+
+
+def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    width = logits.shape[-1]
+    if width > vocab_size:
+        return logits[..., :vocab_size]
+    if width < vocab_size:
+        return torch.nn.functional.pad(logits, (0, vocab_size - width), value=float("-inf"))
+    return logits

@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from engine.verify import exact_verifier
 from engine.decoding import speculative_round
 from engine.drafters.base import Drafter, NoDrafter
 from engine.drafters.model_drafter import ModelDrafter
@@ -24,7 +25,7 @@ def decode(target_model, drafter: Drafter, prompt: list[int], new_tokens: int, k
     context = list(prompt)
     outcomes = []
     while len(context) - len(prompt) < new_tokens:
-        outcome = speculative_round(target, drafter, context, k, sampler)
+        outcome = speculative_round(target, drafter, context, k, sampler, exact_verifier())
         outcomes.append(outcome)
         context += outcome.tokens
     return context[len(prompt) : len(prompt) + new_tokens], outcomes, target

@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 import torch
 
+from engine.verify import exact_verifier
 from engine.decoding import speculative_round
 from engine.drafters.base import DraftProposal
 from engine.drafters.model_drafter import ModelDrafter
@@ -75,7 +76,7 @@ def first_two_tokens(drafter_class, verifier: str, seed: int) -> tuple[Counter, 
     for _ in range(SAMPLES):
         context = list(PROMPT)
         while len(context) < len(PROMPT) + 2:
-            context += speculative_round(target, drafter, context, 2, sampler, verifier).tokens
+            context += speculative_round(target, drafter, context, 2, sampler, exact_verifier(verifier)).tokens
         counts[tuple(context[len(PROMPT) : len(PROMPT) + 2])] += 1
     return counts, exact_two_token_distribution(target_model, sampler)
 

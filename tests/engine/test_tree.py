@@ -11,6 +11,7 @@ import torch
 from transformers import DynamicCache
 
 import engine.decoding
+from engine.verify import exact_verifier
 from engine.decoding import speculative_round, tree_round
 from engine.drafters.backoff_ngram import BackoffNgram
 from engine.drafters.base import NoDrafter
@@ -71,7 +72,7 @@ def decode(target_model, context, rounds_until: int, step) -> list[int]:
 
 def ar_reference(target_model, prompt, length):
     runner = cached(target_model)
-    return decode(target_model, prompt, len(prompt) + length, lambda c: speculative_round(runner, NoDrafter(), c, 0, Sampler()).tokens)
+    return decode(target_model, prompt, len(prompt) + length, lambda c: speculative_round(runner, NoDrafter(), c, 0, Sampler(), exact_verifier()).tokens)
 
 
 class SometimesPlain(FixedTreeShape):

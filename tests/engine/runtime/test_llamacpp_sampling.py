@@ -11,6 +11,7 @@ import torch
 pytest.importorskip("llama_cpp")
 
 import engine.decoding
+from engine.verify import exact_verifier
 from engine.decoding import speculative_round, tree_round
 from engine.drafters.model_drafter import ModelDrafter
 from engine.drafters.tree_drafter import TreeDrafter, TreeShape
@@ -50,7 +51,7 @@ def sample_first_two(tiny_pair_on_llamacpp, one_round, seed: int) -> tuple[Count
 
 
 def chain_round(target, draft, context, sampler):
-    return speculative_round(target, ModelDrafter(draft, VOCAB), context, 2, sampler, "block")
+    return speculative_round(target, ModelDrafter(draft, VOCAB), context, 2, sampler, exact_verifier("block"))
 
 
 def tree_round_of_six(target, draft, context, sampler):
