@@ -42,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     from .distill.command import add_distill_command
     from .drafters.ngram_table import add_ngram_table_command
     from .gguf_export import add_export_gguf_command
+    from .heads.command import add_calibrate_command
 
     parser = argparse.ArgumentParser(
         prog="tandem",
@@ -69,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     add_distill_command(commands)
     add_ngram_table_command(commands)
     add_export_gguf_command(commands)
+    add_calibrate_command(commands)
     return parser
 
 
@@ -101,7 +103,11 @@ def _add_decoding_arguments(
     parser.add_argument("--top-p", type=float, default=defaults.top_p)
     parser.add_argument("--top-k", type=int, default=defaults.top_k)
     parser.add_argument("--draft-tokens", "-k", type=int, default=defaults.draft_tokens, help="K draft tokens per round")
-    parser.add_argument("--verifier", choices=VERIFIERS, default=defaults.verifier)
+    parser.add_argument(
+        "--verifier", choices=("exact",) + VERIFIERS + ("sprinter",), default="exact",
+        help="exact (block verification), token (exact, token-level), or sprinter: SPRINTER's learned "
+        "verifier lets tokens out without the target checking them; faster, APPROXIMATE; needs tandem calibrate (default: exact)",
+    )
     parser.add_argument(
         "--tree-shape", default=defaults.tree_shape,
         help="tree and staged: auto (chosen from measurements) or BUDGETxDEPTH, e.g. 16x4 (default: auto)",
@@ -126,14 +132,18 @@ def _pair_from_args(args: argparse.Namespace) -> PairConfig:
 
 
 def _settings_from_args(args: argparse.Namespace, offered_methods: tuple[str, ...]) -> DecodeSettings:
+    # SPRINTER is a verifier to the user, a method to the engine (it decides when the target runs).
+    sprinter = args.verifier == "sprinter"
+    if sprinter and args.method not in (None, "sprinter"):
+        raise ConfigError("--verifier sprinter decodes with SPRINTER's own rounds; leave out --method")
     return DecodeSettings(
-        method=args.method or default_method(offered_methods),
+        method="sprinter" if sprinter else args.method or default_method(offered_methods),
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
         draft_tokens=args.draft_tokens,
-        verifier=args.verifier,
+        verifier=args.verifier if args.verifier in VERIFIERS else DecodeSettings().verifier,
         seed=args.seed,
         tree_shape=args.tree_shape,
     )
