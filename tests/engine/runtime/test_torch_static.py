@@ -10,10 +10,11 @@ import random
 
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from engine.chat_prompt import Message
 from engine.config import DecodeSettings, ModelSpec, PairConfig
-from engine.int8_weights import quantise_weight_only, weight_bytes
+from engine.int8_weights import Int8Linear, quantise_weight_only, weight_bytes
 from engine.models import LoadedModel
 from engine.runtime.torch_eager import TorchRuntime
 from engine.runtime.torch_static import BUCKETS, StaticTorchRuntime, runs_static
@@ -140,6 +141,45 @@ def test_weight_only_int8_keeps_the_logits_close_in_half_the_memory():
     # and the static runtime runs it: its layers are plain tensor ops
     assert runs_static(model)
     assert torch.allclose(static(model).forward(ids[0].tolist(), logits_wanted=5), quantised, atol=TOLERANCE)
+
+
+def tiny_llama_with_biases(seed: int) -> LlamaForCausalLM:
+    """A tiny Llama whose projections and untied LM head all carry (nonzero) biases."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, attention_bias=True, mlp_bias=True,
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        head = torch.nn.Linear(config.hidden_size, VOCAB, bias=True)
+        head.weight.copy_(model.lm_head.weight * 20.0)  # sharp logits, as tiny_llama's
+        head.bias.normal_(0, 1.0)
+        model.lm_head = head
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module.bias is not None and module is not head:
+                module.bias.normal_(0, 0.2)
+    return model
+
+
+def test_weight_only_int8_of_a_bf16_model_with_biases_and_an_untied_head():
+    model = tiny_llama_with_biases(seed=5)
+    ids = [5, 9, 11, 40, 2, 7, 33]
+    with torch.no_grad():
+        reference = model(torch.tensor([ids])).logits[0]  # float32
+    model.to(torch.bfloat16)  # what int8-wo loads before quantising
+    quantise_weight_only(model)
+    head = model.get_output_embeddings()
+    assert isinstance(head, Int8Linear) and head.bias is not None
+    assert head.scale.dtype == model.get_input_embeddings().scale.dtype == torch.float32
+    with torch.no_grad():
+        quantised = model(torch.tensor([ids])).logits[0]
+    assert quantised.dtype == torch.bfloat16  # computed in the activations' dtype all along
+    error = (quantised.float() - reference).abs().max() / reference.abs().max()
+    assert 0 < error < 0.03  # int8 rounding on top of bf16's
+    eager_logits = eager(model).forward(ids, logits_wanted=len(ids))
+    static_logits = static(model).forward(ids, logits_wanted=len(ids))
+    assert (static_logits - eager_logits).abs().max() <= 0.01 * eager_logits.abs().max()  # bf16 noise
 
 
 def test_models_the_static_runtime_cannot_run_stay_on_the_eager_one():
