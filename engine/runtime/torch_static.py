@@ -37,18 +37,36 @@ WARM_WINDOWS = 1024  # key windows up to this wide are captured while the pair l
 # projections may carry biases (Qwen2). Sliding-window models are excluded by
 # `keeps_every_position`.
 LLAMA_LAYOUT_TYPES = {"llama", "mistral", "qwen2"}
+# Rotary embeddings whose frequencies are fixed once the model is built. "dynamic" ones
+# recompute them from each call's longest position with a Python branch on a tensor, which a
+# graph cannot capture (and a capture would freeze); unknown types stay eager to be safe.
+# "longrope" swaps its frequencies in place with torch.where, which graphs replay faithfully.
+FIXED_ROPE_TYPES = {"default", "linear", "llama3", "yarn", "longrope"}
 
 
 def runs_static(model: torch.nn.Module) -> bool:
     """Whether this runtime can run `model`: a Llama-layout decoder whose layers are plain
-    modules (bitsandbytes' int8 layers cannot be captured and stay on the eager runtime)."""
+    modules (bitsandbytes' int8 layers cannot be captured and stay on the eager runtime) and
+    whose rotary embedding has fixed frequencies."""
     config = model.config
     if config.model_type not in LLAMA_LAYOUT_TYPES or not keeps_every_position(model):
         return False
     if getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False):
         return False
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    return bool(layers) and all(not hasattr(layer.self_attn, "q_norm") for layer in layers)
+    decoder = getattr(model, "model", None)
+    layers = getattr(decoder, "layers", None)
+    if not layers or any(hasattr(layer.self_attn, "q_norm") for layer in layers):
+        return False
+    return _rope_is_fixed(getattr(decoder, "rotary_emb", None))
+
+
+def _rope_is_fixed(rotary_embedding: torch.nn.Module | None) -> bool:
+    if rotary_embedding is None:
+        return False
+    rope_type = getattr(rotary_embedding, "rope_type", None)
+    # transformers keeps one type per layer kind ({"full_attention": ...}) for some families.
+    types = rope_type.values() if isinstance(rope_type, dict) else [rope_type]
+    return all(kind in FIXED_ROPE_TYPES for kind in types)
 
 
 class StaticCacheForward:

@@ -193,6 +193,19 @@ def test_models_the_static_runtime_cannot_run_stay_on_the_eager_one():
     assert not runs_static(model)
 
 
+@pytest.mark.parametrize(("rope_type", "static_ok"), [("linear", True), ("llama3", True), ("dynamic", False)])
+def test_only_rotary_embeddings_with_fixed_frequencies_run_static(rope_type, static_ok):
+    rope = {"rope_type": rope_type, "rope_theta": 10000.0, "factor": 2.0}
+    if rope_type == "llama3":
+        rope |= {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 128}
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, rope_parameters=rope,
+    )
+    # "dynamic" recomputes its frequencies from each call's positions: no graph can hold that
+    assert runs_static(LlamaForCausalLM(config)) == static_ok
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_replayed_graphs_give_the_uncaptured_forward_logits(dtype):
