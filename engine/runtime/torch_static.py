@@ -79,6 +79,7 @@ class StaticCacheForward:
         attention = model.model.layers[0].self_attn
         dtype = model.dtype  # the compute dtype (an int8 weight-only model computes in bf16)
         kv_heads = config.num_key_value_heads
+        self.query_groups = config.num_attention_heads // kv_heads  # query heads per key/value head
         shape = (1, kv_heads, rows, attention.head_dim)
         with torch.inference_mode():
             self.cache = [
@@ -98,7 +99,7 @@ class StaticCacheForward:
         count, window = visible.shape
         hidden = decoder.embed_tokens(ids[None])  # (1, n, H)
         cos, sin = decoder.rotary_emb(hidden, positions[None])
-        mask = visible[None, None]  # (1, 1, n, window)
+        mask = _grouped_mask(visible, self.query_groups, hidden.dtype)  # (1, 1, groups * n, window)
         for layer, (keys, values) in zip(decoder.layers, self.cache):
             attention = layer.self_attn
             x = layer.input_layernorm(hidden)
@@ -121,10 +122,26 @@ class StaticCacheForward:
             values[:, :, destination] = values[:, :, source]
 
 
+def _grouped_mask(visible: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """`_attend`'s mask: `visible` (n, window) once per query group, as the additive mask SDPA
+    would make of a boolean one (0 or -inf; no row is fully masked, since every token sees
+    itself). Made once a forward rather than converted again by every layer."""
+    additive = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
+    return additive.repeat(groups, 1)[None, None]  # (1, 1, groups * n, window)
+
+
 def _attend(query, keys, values, mask, scale):
-    # Grouped-query attention reads each key/value head for its group of query heads, rather
-    # than copying the whole cache once per group every call.
-    return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+    """query (1, heads, n, d) over keys and values (1, kv_heads, window, d): (1, heads, n, d).
+
+    Query head h reads key/value head h // groups (transformers' `repeat_kv`). Each group's
+    query heads are folded into the query length, one (groups * n)-row block per key/value
+    head: no copy of the cache per group, and no `enable_gqa`, which with a mask sends CUDA
+    to the slow math kernel rather than the memory-efficient one."""
+    _, heads, count, dim = query.shape
+    kv_heads = keys.shape[1]
+    folded = query.reshape(1, kv_heads, heads // kv_heads * count, dim)  # (1, kv_heads, groups * n, d)
+    attended = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask, scale=scale)
+    return attended.view(1, heads, count, dim)
 
 
 class StaticTorchRuntime(ModelRuntime):
