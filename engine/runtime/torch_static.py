@@ -174,6 +174,14 @@ class StaticTorchRuntime(ModelRuntime):
 
     # ModelRuntime
 
+    def forward(self, new_ids: list[int], logits_wanted: int = 1) -> torch.Tensor:
+        self._check_room(len(new_ids))
+        return super().forward(new_ids, logits_wanted)
+
+    def forward_tree(self, new_ids: list[int], parents: list[int], logits_wanted: int) -> torch.Tensor:
+        self._check_room(len(new_ids))
+        return super().forward_tree(new_ids, parents, logits_wanted)
+
     def _run_chain(self, new_ids: list[int], logits_wanted: int) -> torch.Tensor:
         start, count = len(self), len(new_ids)
         columns = torch.arange(start + count)
@@ -207,22 +215,29 @@ class StaticTorchRuntime(ModelRuntime):
 
     # Running
 
+    def _check_room(self, count: int) -> None:
+        # Checked before the forward rather than in it: the base class forgets the cache of a
+        # forward that fails, and a reply too long to fit is no reason to lose the context.
+        if len(self) + count > self.capacity:
+            raise ValueError(f"the context is full: {len(self) + count} tokens do not fit this model's {self.capacity}")
+
     def _run(self, new_ids: list[int], positions: list[int], visible: torch.Tensor, logits_wanted: int) -> torch.Tensor:
         """`visible`: (tokens, slots) bool over the slots up to the last new token."""
         start, count = len(self), len(new_ids)
-        if start + count > self.capacity:
-            raise ValueError(f"the context is full: {start + count} tokens do not fit this model's {self.capacity}")
-        pieces = []
+        first_wanted = max(count - logits_wanted, 0)
         widest = BUCKETS[-1]
-        first_wanted = count - logits_wanted
+        pieces = []
         for begin in range(0, count, widest):
             end = min(begin + widest, count)
-            logits = self._run_chunk(new_ids[begin:end], positions[begin:end], start + begin, visible[begin:end, : start + end])
-            if end > first_wanted:
-                pieces.append(logits[max(first_wanted - begin, 0):])
-        return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+            chunk_visible = visible[begin:end, : start + end]
+            wanted_from = max(first_wanted - begin, 0)  # the chunk's first row whose logits are wanted
+            pieces.append(self._run_chunk(new_ids[begin:end], positions[begin:end], start + begin, chunk_visible, wanted_from))
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
-    def _run_chunk(self, ids: list[int], positions: list[int], first_slot: int, visible: torch.Tensor) -> torch.Tensor:
+    def _run_chunk(
+        self, ids: list[int], positions: list[int], first_slot: int, visible: torch.Tensor, wanted_from: int
+    ) -> torch.Tensor:
+        """Run up to a bucket of tokens; float32 logits of its rows from `wanted_from` on."""
         count, slots = visible.shape
         bucket = next(size for size in BUCKETS if size >= count)
         window = next(width for width in self.windows if width >= SCRATCH_ROWS + slots)
@@ -241,8 +256,9 @@ class StaticTorchRuntime(ModelRuntime):
                 graph.replay()
             else:
                 logits = self._forward(bucket, window)
-            # A copy: the next replay reuses the graph's output memory.
-            return logits[:count].to(torch.float32, copy=True)
+            # Only the wanted rows are upcast. A copy even when already float32: the next
+            # replay reuses the graph's output memory.
+            return logits[wanted_from:count].to(torch.float32, copy=True)
 
     def _forward(self, bucket: int, window: int) -> torch.Tensor:
         return self.forward_pass(self.ids[:bucket], self.positions[:bucket], self.rows[:bucket], self.visible[:bucket, :window])

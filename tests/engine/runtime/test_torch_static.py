@@ -83,13 +83,18 @@ def test_a_forward_longer_than_the_widest_bucket_runs_in_chunks():
     assert torch.allclose(got, expected, atol=TOLERANCE)
 
 
-def test_a_full_context_is_a_clear_error_and_leaves_an_empty_cache():
-    runtime = static(tiny_llama(seed=1, vocab_size=VOCAB), capacity=16)
+def test_a_full_context_is_a_clear_error_that_keeps_the_cache():
+    model = tiny_llama(seed=1, vocab_size=VOCAB)
+    runtime = static(model, capacity=16)
     runtime.forward(list(range(10)))
     with pytest.raises(ValueError, match="context is full"):
         runtime.forward(list(range(10)))
-    assert len(runtime) == 0
-    runtime.forward([1, 2, 3])  # and it still works
+    with pytest.raises(ValueError, match="context is full"):
+        runtime.forward_tree(list(range(7)), [9, 10, 10, 12, 9, 14, 15], logits_wanted=7)
+    assert runtime.cached_ids == list(range(10))  # checked before running: nothing was lost
+    # and the cache still works: the next tokens see the same context the eager runtime does
+    expected = eager(model).forward(list(range(10)) + [1, 2, 3], logits_wanted=3)
+    assert torch.allclose(runtime.forward([1, 2, 3], logits_wanted=3), expected, atol=TOLERANCE)
 
 
 def tiny_pair(make_word_tokenizer, runtime_factory) -> LoadedPair:
