@@ -43,6 +43,10 @@ LLAMA_LAYOUT_TYPES = {"llama", "mistral", "qwen2"}
 # "longrope" swaps its frequencies in place with torch.where, which graphs replay faithfully.
 FIXED_ROPE_TYPES = {"default", "linear", "llama3", "yarn", "longrope"}
 
+# A captured forward: its graph and the static outputs each replay rewrites, (bucket, V)
+# logits and the (bucket, D) final-norm hidden states they came from.
+Captured = tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]
+
 
 def runs_static(model: torch.nn.Module) -> bool:
     """Whether this runtime can run `model`: a Llama-layout decoder whose layers are plain
@@ -91,10 +95,13 @@ class StaticCacheForward:
     def cache_bytes(self) -> int:
         return sum(keys.numel() * keys.element_size() * 2 for keys, _ in self.cache)
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, visible: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """ids, positions, rows: (n,); visible: (n, window) bool over the cache's first
         `window` rows. Writes each token's keys and values at its row, then attends within
-        the window. Returns (n, V) logits in the model's dtype."""
+        the window. Returns (n, V) logits and the (n, D) final-norm hidden states the LM head
+        read, both in the model's dtype."""
         decoder = self.model.model
         count, window = visible.shape
         hidden = decoder.embed_tokens(ids[None])  # (1, n, H)
@@ -113,7 +120,8 @@ class StaticCacheForward:
             attended = _attend(query, keys[:, :, :window], values[:, :, :window], mask, attention.scaling)
             hidden = hidden + attention.o_proj(attended.transpose(1, 2).reshape(1, count, -1))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        return self.model.lm_head(decoder.norm(hidden))[0]
+        final = decoder.norm(hidden)[0]  # (n, D)
+        return self.model.lm_head(final), final
 
     def move(self, source: torch.Tensor, destination: torch.Tensor) -> None:
         for keys, values in self.cache:
@@ -147,15 +155,16 @@ def _attend(query, keys, values, mask, scale):
 class StaticTorchRuntime(ModelRuntime):
     """A torch model over a static KV cache; on CUDA each (token bucket, key window) forward
     is a CUDA graph (`graphs=False` runs the same static forward eagerly: the CPU tests
-    check it against the eager runtime)."""
+    check it against the eager runtime). Opened with `hidden_states`, it keeps the final-norm
+    hidden states of the rows it returned logits for, a second output of the same graph."""
 
     def __init__(
         self, model: torch.nn.Module, device: torch.device, capacity: int, graphs: bool | None = None, hidden_states: bool = False
     ):
         super().__init__(model.get_output_embeddings().weight.shape[0])
-        if hidden_states:
-            raise ValueError("the static-cache runtime does not return hidden states yet")
         self.device = device
+        self.returns_hidden = hidden_states
+        self._hidden: torch.Tensor | None = None
         self.graphs_enabled = device.type == "cuda" if graphs is None else graphs
         self.name = "torch + CUDA graphs" if self.graphs_enabled else "torch (static cache)"
         self.capacity = capacity
@@ -169,7 +178,7 @@ class StaticTorchRuntime(ModelRuntime):
             self.positions = torch.zeros(widest, dtype=torch.long, device=device)
             self.rows = torch.zeros(widest, dtype=torch.long, device=device)
             self.visible = torch.zeros(widest, rows, dtype=torch.bool, device=device)
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple[int, int], Captured] = {}  # by (token bucket, key window)
         self.pool = torch.cuda.graph_pool_handle() if self.graphs_enabled else None
 
     # ModelRuntime
@@ -213,6 +222,11 @@ class StaticTorchRuntime(ModelRuntime):
     def _clear(self) -> None:
         pass  # stale rows are never visible; the next tokens overwrite them
 
+    def last_hidden_states(self) -> torch.Tensor:
+        if self._hidden is None:
+            return super().last_hidden_states()
+        return self._hidden
+
     # Running
 
     def _check_room(self, count: int) -> None:
@@ -232,12 +246,16 @@ class StaticTorchRuntime(ModelRuntime):
             chunk_visible = visible[begin:end, : start + end]
             wanted_from = max(first_wanted - begin, 0)  # the chunk's first row whose logits are wanted
             pieces.append(self._run_chunk(new_ids[begin:end], positions[begin:end], start + begin, chunk_visible, wanted_from))
-        return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+        logits, hidden = zip(*pieces)
+        if self.returns_hidden:
+            self._hidden = _joined(hidden)
+        return _joined(logits)
 
     def _run_chunk(
         self, ids: list[int], positions: list[int], first_slot: int, visible: torch.Tensor, wanted_from: int
-    ) -> torch.Tensor:
-        """Run up to a bucket of tokens; float32 logits of its rows from `wanted_from` on."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run up to a bucket of tokens. Returns the float32 logits of its rows from
+        `wanted_from` on, and their hidden states when the runtime returns them (else None)."""
         count, slots = visible.shape
         bucket = next(size for size in BUCKETS if size >= count)
         window = next(width for width in self.windows if width >= SCRATCH_ROWS + slots)
@@ -252,23 +270,25 @@ class StaticTorchRuntime(ModelRuntime):
             self.rows[:bucket].copy_(torch.tensor(rows), non_blocking=True)
             self.visible[:bucket, :window].copy_(padded_visible, non_blocking=True)
             if self.graphs_enabled:
-                graph, logits = self._graph(bucket, window)
+                graph, (logits, hidden) = self._graph(bucket, window)
                 graph.replay()
             else:
-                logits = self._forward(bucket, window)
-            # Only the wanted rows are upcast. A copy even when already float32: the next
+                logits, hidden = self._forward(bucket, window)
+            # Only the wanted rows are upcast. Copies even when already float32: the next
             # replay reuses the graph's output memory.
-            return logits[wanted_from:count].to(torch.float32, copy=True)
+            wanted = slice(wanted_from, count)
+            hidden_rows = hidden[wanted].to(torch.float32, copy=True) if self.returns_hidden else None
+            return logits[wanted].to(torch.float32, copy=True), hidden_rows
 
-    def _forward(self, bucket: int, window: int) -> torch.Tensor:
+    def _forward(self, bucket: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.forward_pass(self.ids[:bucket], self.positions[:bucket], self.rows[:bucket], self.visible[:bucket, :window])
 
-    def _graph(self, bucket: int, window: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _graph(self, bucket: int, window: int) -> Captured:
         if (bucket, window) not in self.graphs:
             self.graphs[bucket, window] = self._capture(bucket, window)
         return self.graphs[bucket, window]
 
-    def _capture(self, bucket: int, window: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _capture(self, bucket: int, window: int) -> Captured:
         # Capture over padding-only inputs (scratch rows, each seeing itself), so the warm-up
         # and capture forwards write nothing a real token will read. The real inputs are
         # copied in again before the first replay.
@@ -287,10 +307,10 @@ class StaticTorchRuntime(ModelRuntime):
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            logits = self._forward(bucket, window)
+            outputs = self._forward(bucket, window)  # static: every replay writes them again
         for buffer, values in zip(buffers, saved):
             buffer[:bucket].copy_(values)
-        return graph, logits
+        return graph, outputs
 
     @property
     def warm_up_message(self) -> str | None:
@@ -305,6 +325,10 @@ class StaticTorchRuntime(ModelRuntime):
                     if window <= WARM_WINDOWS:
                         for bucket in BUCKETS:
                             self._graph(bucket, window)
+
+
+def _joined(pieces: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
 
 def _windows(rows: int) -> tuple[int, ...]:

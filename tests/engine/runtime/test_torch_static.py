@@ -97,6 +97,34 @@ def test_a_full_context_is_a_clear_error_that_keeps_the_cache():
     assert torch.allclose(runtime.forward([1, 2, 3], logits_wanted=3), expected, atol=TOLERANCE)
 
 
+@torch.no_grad()
+def test_hidden_states_are_what_the_lm_head_read_and_the_eager_ones():
+    model = tiny_llama(seed=4, vocab_size=VOCAB)
+    runtime = StaticTorchRuntime(model, torch.device("cpu"), 400, graphs=False, hidden_states=True)
+    reference = TorchRuntime(model, torch.device("cpu"), hidden_states=True)
+    assert runtime.returns_hidden
+    prompt = [random.Random(2).randrange(VOCAB) for _ in range(BUCKETS[-1] + 10)]
+    steps = [
+        lambda r: r.forward(prompt, logits_wanted=15),  # chunked: the wanted rows span two chunks
+        lambda r: r.forward([1, 2, 3], logits_wanted=2),
+        lambda r: r.forward_tree([5, 6, 7], [len(prompt) + 1, len(prompt) + 1, len(prompt) + 3], logits_wanted=3),
+    ]
+    for step in steps:
+        logits = step(runtime)
+        hidden = runtime.last_hidden_states()
+        assert hidden.dtype == torch.float32 and hidden.shape == (len(logits), model.config.hidden_size)
+        torch.testing.assert_close(model.lm_head(hidden), logits, rtol=1e-5, atol=1e-5)
+        step(reference)
+        torch.testing.assert_close(hidden, reference.last_hidden_states(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_static_runtime_without_hidden_states_says_so():
+    runtime = static(tiny_llama(seed=1, vocab_size=VOCAB))
+    runtime.forward([1, 2])
+    with pytest.raises(ValueError, match="without hidden states"):
+        runtime.last_hidden_states()
+
+
 def tiny_pair(make_word_tokenizer, runtime_factory) -> LoadedPair:
     """A tiny target that drafts for itself through a second cache: every draft is right, so
     rounds verify long chains and trees, and any slip in the cache shows in the output."""
