@@ -125,6 +125,25 @@ def test_a_static_runtime_without_hidden_states_says_so():
         runtime.last_hidden_states()
 
 
+def test_a_tree_wider_than_the_widest_bucket_runs_in_chunks():
+    rng = random.Random(5)
+    model = tiny_llama(seed=8, vocab_size=VOCAB)
+    runtimes = (eager(model), static(model))
+    context = [rng.randrange(VOCAB) for _ in range(30)]
+    for runtime in runtimes:
+        runtime.forward(context[:-1])
+    tree = random_tree(rng, context[-1], 2 * BUCKETS[-1] + 9)  # later chunks see branches of earlier ones
+    logits = [forward_tree(runtime, context, tree) for runtime in runtimes]
+    assert logits[1].shape == (len(tree), VOCAB)
+    assert torch.allclose(logits[0], logits[1], atol=TOLERANCE)
+    path = tree.path(len(tree) - 1)
+    for runtime in runtimes:
+        keep_path(runtime, len(context), path)
+    following = [3, 1, 4]
+    logits = [runtime.forward(following, logits_wanted=3) for runtime in runtimes]
+    assert torch.allclose(logits[0], logits[1], atol=TOLERANCE)
+
+
 def tiny_pair(make_word_tokenizer, runtime_factory) -> LoadedPair:
     """A tiny target that drafts for itself through a second cache: every draft is right, so
     rounds verify long chains and trees, and any slip in the cache shows in the output."""
