@@ -22,6 +22,8 @@ at an internal counter rather than at given positions (which a tree needs).
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -179,7 +181,8 @@ class StaticTorchRuntime(ModelRuntime):
             self.rows = torch.zeros(widest, dtype=torch.long, device=device)
             self.visible = torch.zeros(widest, rows, dtype=torch.bool, device=device)
         self.graphs: dict[tuple[int, int], Captured] = {}  # by (token bucket, key window)
-        self.pool = torch.cuda.graph_pool_handle() if self.graphs_enabled else None
+        self.pool = None  # the memory pool the graphs share (they never run at once), made at the first capture
+        self.graphs_failure: str | None = None  # why graphs were given up, when they were
 
     # ModelRuntime
 
@@ -269,11 +272,7 @@ class StaticTorchRuntime(ModelRuntime):
             self.positions[:bucket].copy_(torch.tensor(positions + [0] * padding), non_blocking=True)
             self.rows[:bucket].copy_(torch.tensor(rows), non_blocking=True)
             self.visible[:bucket, :window].copy_(padded_visible, non_blocking=True)
-            if self.graphs_enabled:
-                graph, (logits, hidden) = self._graph(bucket, window)
-                graph.replay()
-            else:
-                logits, hidden = self._forward(bucket, window)
+            logits, hidden = self._outputs(bucket, window)
             # Only the wanted rows are upcast. Copies even when already float32: the next
             # replay reuses the graph's output memory.
             wanted = slice(wanted_from, count)
@@ -283,15 +282,53 @@ class StaticTorchRuntime(ModelRuntime):
     def _forward(self, bucket: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.forward_pass(self.ids[:bucket], self.positions[:bucket], self.rows[:bucket], self.visible[:bucket, :window])
 
-    def _graph(self, bucket: int, window: int) -> Captured:
+    def _outputs(self, bucket: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward over the inputs in the buffers: its graph replayed, or run eagerly."""
+        captured = self._graph(bucket, window) if self.graphs_enabled else None
+        if captured is None:
+            return self._forward(bucket, window)
+        graph, outputs = captured
+        graph.replay()
+        return outputs
+
+    def _graph(self, bucket: int, window: int) -> Captured | None:
+        """The graph of this forward, captured at its first use; None once graphs were given up."""
         if (bucket, window) not in self.graphs:
-            self.graphs[bucket, window] = self._capture(bucket, window)
+            try:
+                self.graphs[bucket, window] = self._capture(bucket, window)
+            except RuntimeError as error:  # what torch raises for CUDA errors, out of memory included
+                self._give_up_graphs(error)
+                return None
         return self.graphs[bucket, window]
+
+    def _give_up_graphs(self, error: RuntimeError) -> None:
+        # A capture that fails (an operation no graph can hold, or no memory left for one)
+        # should cost speed, not the load or the reply: the same static forward runs eagerly,
+        # with the same results. Every graph goes, not only this one: the likely causes, an op
+        # every capture meets or a full GPU, would fail the next capture too, and freeing the
+        # graphs' memory helps the eager forwards that follow.
+        # Ending a spoiled capture raises an error of its own; the one that spoiled it says why.
+        cause = error.__context__ if isinstance(error.__context__, RuntimeError) else error
+        self.graphs_failure = f"{type(cause).__name__}: {cause}"
+        self._free_graphs()
+        self.graphs_enabled = False
+        self.name = "torch (static cache)"
+        warnings.warn(
+            f"CUDA graph capture failed; the forwards run uncaptured (slower): {self.graphs_failure}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+    def _free_graphs(self) -> None:
+        if self.graphs and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # no replay may still be running in what is freed
+        # The static outputs live in the graphs' pool: dropping them with the graphs lets it go.
+        self.graphs = {}
+        self.pool = None
 
     def _capture(self, bucket: int, window: int) -> Captured:
         # Capture over padding-only inputs (scratch rows, each seeing itself), so the warm-up
-        # and capture forwards write nothing a real token will read. The real inputs are
-        # copied in again before the first replay.
+        # and capture forwards write nothing a real token will read.
         buffers = (self.ids, self.positions, self.rows, self.visible)
         saved = [buffer[:bucket].clone() for buffer in buffers]
         self.ids[:bucket].zero_()
@@ -299,17 +336,38 @@ class StaticTorchRuntime(ModelRuntime):
         self.rows[:bucket].copy_(torch.arange(bucket))
         self.visible[:bucket].zero_()
         self.visible[:bucket, :bucket].fill_diagonal_(True)
+        try:
+            return self._record(bucket, window)
+        finally:
+            # Restored even when the capture fails: a capture at first use (a wider key window
+            # mid-conversation) parks the inputs of a real forward, which then runs.
+            for buffer, values in zip(buffers, saved):
+                buffer[:bucket].copy_(values)
+
+    def _record(self, bucket: int, window: int) -> Captured:
+        """Capture the forward as it stands in the buffers: the only CUDA-specific step."""
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up off the capture stream, as CUDA graphs require
-            for _ in range(2):
-                self._forward(bucket, window)
-        torch.cuda.current_stream().wait_stream(side)
+        try:
+            with torch.cuda.stream(side):  # warm-up off the capture stream, as CUDA graphs require
+                for _ in range(2):
+                    self._forward(bucket, window)
+        finally:
+            # Even after a failure: the buffers are restored next, and not under kernels still
+            # reading them.
+            torch.cuda.current_stream().wait_stream(side)
+        stream = torch.cuda.current_stream()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            outputs = self._forward(bucket, window)  # static: every replay writes them again
-        for buffer, values in zip(buffers, saved):
-            buffer[:bucket].copy_(values)
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = self._forward(bucket, window)  # static: every replay writes them again
+        except RuntimeError:
+            # When ending a spoiled capture raises, torch.cuda.graph leaves its capture stream
+            # current; the eager forwards that follow belong on the usual one.
+            torch.cuda.set_stream(stream)
+            raise
         return graph, outputs
 
     @property
@@ -319,12 +377,12 @@ class StaticTorchRuntime(ModelRuntime):
     def warm_up(self) -> None:
         """Capture the graphs of short conversations now, while the pair loads, rather than
         during a reply; wider key windows are captured when a conversation reaches them."""
-        if self.graphs_enabled:
-            with torch.inference_mode():
-                for window in self.windows:
-                    if window <= WARM_WINDOWS:
-                        for bucket in BUCKETS:
-                            self._graph(bucket, window)
+        shapes = [(bucket, window) for window in self.windows if window <= WARM_WINDOWS for bucket in BUCKETS]
+        with torch.inference_mode():
+            for bucket, window in shapes:
+                if not self.graphs_enabled:
+                    break  # never enabled, or a capture failed and the forwards run eagerly
+                self._graph(bucket, window)
 
 
 def _joined(pieces: tuple[torch.Tensor, ...]) -> torch.Tensor:

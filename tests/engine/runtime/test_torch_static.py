@@ -17,7 +17,7 @@ from engine.config import DecodeSettings, ModelSpec, PairConfig
 from engine.int8_weights import Int8Linear, quantise_weight_only, weight_bytes
 from engine.models import LoadedModel
 from engine.runtime.torch_eager import TorchRuntime
-from engine.runtime.torch_static import BUCKETS, StaticTorchRuntime, runs_static
+from engine.runtime.torch_static import BUCKETS, SCRATCH_ROWS, WARM_WINDOWS, StaticTorchRuntime, runs_static
 from engine.session import LoadedPair
 from engine.tree import TokenTree, forward_tree, keep_path
 
@@ -142,6 +142,98 @@ def test_a_tree_wider_than_the_widest_bucket_runs_in_chunks():
     following = [3, 1, 4]
     logits = [runtime.forward(following, logits_wanted=3) for runtime in runtimes]
     assert torch.allclose(logits[0], logits[1], atol=TOLERANCE)
+
+
+class GraphStandIn:
+    """What the capture path gets on the CPU instead of a CUDA graph: `replay` runs the forward
+    again and writes the results into the outputs made at "capture", as a replayed graph
+    rewrites its static outputs in place."""
+
+    def __init__(self, forward):
+        self.forward = forward
+        self.outputs = forward()
+
+    def replay(self) -> None:
+        for static_output, fresh in zip(self.outputs, self.forward()):
+            static_output.copy_(fresh)
+
+
+def record_on_the_cpu(runtime: StaticTorchRuntime, recorded: list, fails=lambda bucket, window: False):
+    """Stand-in for `_record`, the capture's only CUDA step; `fails` picks shapes that fail."""
+
+    def record(bucket, window):
+        if fails(bucket, window):
+            raise RuntimeError("operation not permitted when stream is capturing")
+        # a capture runs on padding alone: each token writing its own scratch row, seeing itself
+        assert runtime.rows[:bucket].tolist() == list(range(bucket))
+        assert torch.equal(runtime.visible[:bucket, :bucket], torch.eye(bucket, dtype=torch.bool))
+        recorded.append((bucket, window))
+        graph = GraphStandIn(lambda: runtime._forward(bucket, window))
+        return graph, graph.outputs
+
+    return record
+
+
+def graphed(model, recorded: list, capacity=1200, **fails) -> StaticTorchRuntime:
+    runtime = StaticTorchRuntime(model, torch.device("cpu"), capacity, graphs=True, hidden_states=True)
+    runtime._record = record_on_the_cpu(runtime, recorded, **fails)
+    return runtime
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_graphs_captured_at_warm_up_or_first_use_replay_the_eager_logits(warm):
+    rng = random.Random(3)
+    model = tiny_llama(seed=6, vocab_size=VOCAB)
+    recorded = []
+    runtime, reference = graphed(model, recorded), TorchRuntime(model, torch.device("cpu"), hidden_states=True)
+    if warm:
+        runtime.warm_up()
+        warm_windows = [window for window in runtime.windows if window <= WARM_WINDOWS]
+        assert recorded == [(bucket, window) for window in warm_windows for bucket in BUCKETS]
+    else:
+        assert recorded == []
+    context = [rng.randrange(VOCAB) for _ in range(WARM_WINDOWS - SCRATCH_ROWS + 40)]  # its last chunk needs a wider window
+    logits = [r.forward(context, logits_wanted=3) for r in (runtime, reference)]
+    assert (BUCKETS[-1], runtime.windows[-1]) in recorded  # captured at first use, mid-forward
+    assert torch.allclose(logits[0], logits[1], atol=TOLERANCE)
+    assert torch.allclose(runtime.last_hidden_states(), reference.last_hidden_states(), atol=TOLERANCE)
+    kept = logits[0].clone()
+    for _ in range(3):
+        tree = random_tree(rng, context[-1], rng.randrange(1, 12))
+        results = [forward_tree(r, context, tree) for r in (runtime, reference)]
+        assert torch.allclose(results[0], results[1], atol=TOLERANCE)
+        assert torch.allclose(runtime.last_hidden_states(), reference.last_hidden_states(), atol=TOLERANCE)
+        path = tree.path(rng.randrange(len(tree)))
+        for r in (runtime, reference):
+            keep_path(r, len(context), path)
+        context = context + [tree.tokens[node] for node in path]
+    assert torch.equal(logits[0], kept)  # what a forward returned is a copy, not the graph's output
+
+
+def test_a_capture_that_fails_at_warm_up_leaves_the_uncaptured_forward():
+    model = tiny_llama(seed=6, vocab_size=VOCAB)
+    runtime = graphed(model, [], fails=lambda bucket, window: True)
+    with pytest.warns(RuntimeWarning, match="capture failed"):
+        runtime.warm_up()  # and the load goes on
+    assert not runtime.graphs_enabled and runtime.graphs == {} and runtime.pool is None
+    assert "not permitted when stream is capturing" in runtime.graphs_failure
+    assert runtime.name == "torch (static cache)"
+    assert torch.allclose(runtime.forward([1, 2, 3], logits_wanted=3), eager(model).forward([1, 2, 3], logits_wanted=3), atol=TOLERANCE)
+
+
+def test_a_capture_that_fails_mid_conversation_still_gives_that_forward_right():
+    rng = random.Random(4)
+    model = tiny_llama(seed=6, vocab_size=VOCAB)
+    recorded = []
+    runtime = graphed(model, recorded, fails=lambda bucket, window: window > WARM_WINDOWS)
+    runtime.warm_up()
+    assert runtime.graphs_enabled
+    context = [rng.randrange(VOCAB) for _ in range(WARM_WINDOWS - SCRATCH_ROWS + 40)]
+    with pytest.warns(RuntimeWarning, match="capture failed"):
+        logits = runtime.forward(context, logits_wanted=5)  # the failed capture had parked its inputs
+    assert not runtime.graphs_enabled and runtime.graphs == {}
+    assert torch.allclose(logits, eager(model).forward(context, logits_wanted=5), atol=TOLERANCE)
+    assert runtime.cached_ids == context
 
 
 def tiny_pair(make_word_tokenizer, runtime_factory) -> LoadedPair:
