@@ -172,7 +172,7 @@ class StaticTorchRuntime(ModelRuntime):
         self.capacity = capacity
         rows = SCRATCH_ROWS + capacity
         self.windows = _windows(rows)
-        self.forward_pass = StaticCacheForward(model, rows, device)
+        self.forward_pass: StaticCacheForward | None = StaticCacheForward(model, rows, device)  # None once closed
         widest = BUCKETS[-1]
         with torch.inference_mode():
             # One set of input buffers; a graph reads the first rows (and columns) it needs.
@@ -214,6 +214,7 @@ class StaticTorchRuntime(ModelRuntime):
         return self._run(new_ids, positions, visible, logits_wanted)
 
     def _keep(self, prefix: int, extra_slots: list[int]) -> None:
+        self._check_open()
         moved = [(slot, prefix + offset) for offset, slot in enumerate(extra_slots) if slot != prefix + offset]
         if moved:
             source = torch.tensor([SCRATCH_ROWS + slot for slot, _ in moved], device=self.device)
@@ -235,8 +236,13 @@ class StaticTorchRuntime(ModelRuntime):
     def _check_room(self, count: int) -> None:
         # Checked before the forward rather than in it: the base class forgets the cache of a
         # forward that fails, and a reply too long to fit is no reason to lose the context.
+        self._check_open()
         if len(self) + count > self.capacity:
             raise ValueError(f"the context is full: {len(self) + count} tokens do not fit this model's {self.capacity}")
+
+    def _check_open(self) -> None:
+        if self.forward_pass is None:
+            raise ValueError("this runtime was closed")
 
     def _run(self, new_ids: list[int], positions: list[int], visible: torch.Tensor, logits_wanted: int) -> torch.Tensor:
         """`visible`: (tokens, slots) bool over the slots up to the last new token."""
@@ -383,6 +389,13 @@ class StaticTorchRuntime(ModelRuntime):
                 if not self.graphs_enabled:
                     break  # never enabled, or a capture failed and the forwards run eagerly
                 self._graph(bucket, window)
+
+    def close(self) -> None:
+        """Free the graphs, their memory pool and the cache; the runtime cannot run after."""
+        self._free_graphs()
+        self.graphs_enabled = False
+        self.forward_pass = None
+        self._hidden = None
 
 
 def _joined(pieces: tuple[torch.Tensor, ...]) -> torch.Tensor:

@@ -6,7 +6,9 @@ against the uncaptured forward where a CUDA GPU is present.
 """
 from __future__ import annotations
 
+import gc
 import random
+import weakref
 
 import pytest
 import torch
@@ -234,6 +236,21 @@ def test_a_capture_that_fails_mid_conversation_still_gives_that_forward_right():
     assert not runtime.graphs_enabled and runtime.graphs == {}
     assert torch.allclose(logits, eager(model).forward(context, logits_wanted=5), atol=TOLERANCE)
     assert runtime.cached_ids == context
+
+
+def test_close_frees_the_graphs_and_the_cache():
+    recorded = []
+    runtime = graphed(tiny_llama(seed=6, vocab_size=VOCAB), recorded)
+    runtime.forward([1, 2, 3])
+    cache = weakref.ref(runtime.forward_pass.cache[0][0])
+    graph_output = weakref.ref(runtime.graphs[recorded[0]][1][0])
+    runtime.close()
+    gc.collect()
+    assert cache() is None and graph_output() is None
+    assert runtime.graphs == {} and runtime.pool is None
+    with pytest.raises(ValueError, match="closed"):
+        runtime.forward([4])
+    runtime.close()  # twice is harmless
 
 
 def tiny_pair(make_word_tokenizer, runtime_factory) -> LoadedPair:
