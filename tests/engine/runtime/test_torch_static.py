@@ -372,8 +372,11 @@ def test_only_rotary_embeddings_with_fixed_frequencies_run_static(rope_type, sta
 def test_replayed_graphs_give_the_uncaptured_forward_logits(dtype):
     rng = random.Random(0)
     model = tiny_llama(seed=2, vocab_size=VOCAB).to("cuda", dtype)
-    captured, uncaptured = static(model, device="cuda", graphs=True), static(model, device="cuda", graphs=False)
+    captured, uncaptured = (
+        StaticTorchRuntime(model, torch.device("cuda"), 1200, graphs=graphs, hidden_states=True) for graphs in (True, False)
+    )
     captured.warm_up()
+    assert captured.graphs_enabled, captured.graphs_failure
     assert {bucket for bucket, _ in captured.graphs} == set(BUCKETS)
     context = [rng.randrange(VOCAB) for _ in range(200)]  # and the trees cross into a wider key window
     results = [runtime.forward(context, logits_wanted=2) for runtime in (captured, uncaptured)]
@@ -383,7 +386,18 @@ def test_replayed_graphs_give_the_uncaptured_forward_logits(dtype):
         results = [forward_tree(runtime, context, tree) for runtime in (captured, uncaptured)]
         assert results[0].shape == (len(tree), VOCAB)
         assert torch.equal(results[0], results[1])
+        assert torch.equal(captured.last_hidden_states(), uncaptured.last_hidden_states())
         path = tree.path(rng.randrange(len(tree)))
         for runtime in (captured, uncaptured):
             keep_path(runtime, len(context), path)
         context = context + [tree.tokens[node] for node in path]
+    # past the windows captured at warm-up: the widest is captured mid-forward, at first use
+    more = [rng.randrange(VOCAB) for _ in range(WARM_WINDOWS - len(context))]
+    results = [runtime.forward(more, logits_wanted=3) for runtime in (captured, uncaptured)]
+    assert (BUCKETS[-1], captured.windows[-1]) in captured.graphs and captured.graphs_enabled
+    assert torch.equal(results[0], results[1])
+    assert torch.equal(captured.last_hidden_states(), uncaptured.last_hidden_states())
+    in_use = torch.cuda.memory_allocated()
+    cache_bytes = captured.forward_pass.cache_bytes
+    captured.close()
+    assert torch.cuda.memory_allocated() <= in_use - cache_bytes  # the cache and the graphs' outputs went
