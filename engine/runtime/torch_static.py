@@ -41,9 +41,10 @@ WARM_WINDOWS = 1024  # key windows up to this wide are captured while the pair l
 LLAMA_LAYOUT_TYPES = {"llama", "mistral", "qwen2"}
 # Rotary embeddings whose frequencies are fixed once the model is built. "dynamic" ones
 # recompute them from each call's longest position with a Python branch on a tensor, which a
-# graph cannot capture (and a capture would freeze); unknown types stay eager to be safe.
-# "longrope" swaps its frequencies in place with torch.where, which graphs replay faithfully.
-FIXED_ROPE_TYPES = {"default", "linear", "llama3", "yarn", "longrope"}
+# graph cannot capture (a capture would freeze one branch); "longrope" switches them by each
+# call's longest position too, so a prompt run in 64-token chunks would not get the eager
+# frequencies. Unknown types stay eager to be safe.
+FIXED_ROPE_TYPES = {"default", "linear", "llama3", "yarn"}
 
 # A captured forward: its graph and the static outputs each replay rewrites, (bucket, V)
 # logits and the (bucket, D) final-norm hidden states they came from.

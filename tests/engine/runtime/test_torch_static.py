@@ -354,7 +354,9 @@ def test_models_the_static_runtime_cannot_run_stay_on_the_eager_one():
     assert not runs_static(model)
 
 
-@pytest.mark.parametrize(("rope_type", "static_ok"), [("linear", True), ("llama3", True), ("dynamic", False)])
+@pytest.mark.parametrize(
+    ("rope_type", "static_ok"), [("default", True), ("linear", True), ("llama3", True), ("dynamic", False)]
+)
 def test_only_rotary_embeddings_with_fixed_frequencies_run_static(rope_type, static_ok):
     rope = {"rope_type": rope_type, "rope_theta": 10000.0, "factor": 2.0}
     if rope_type == "llama3":
