@@ -449,9 +449,7 @@ def _load_tokenizer(folder: Path) -> Any:
 
 def _load_weights(folder: Path, device: torch.device, precision: str) -> PreTrainedModel:
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, device_map={"": str(device)}, **_precision_options(precision)
-        )
+        return _weights_in_memory(folder, device, precision)
     except torch.cuda.OutOfMemoryError as error:
         raise OutOfMemoryError(
             "The GPU ran out of memory while loading the model. "
@@ -462,6 +460,15 @@ def _load_weights(folder: Path, device: torch.device, precision: str) -> PreTrai
             "The machine ran out of memory while loading the model. "
             "Try 8-bit (int8) precision or a smaller model."
         ) from error
+
+
+def _weights_in_memory(folder: Path, device: torch.device, precision: str) -> PreTrainedModel:
+    """The model at `precision`; out-of-memory errors are left to `_load_weights`, since
+    quantising can run out too (each layer's float and int8 copies live at once)."""
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, device_map={"": str(device)}, **_precision_options(precision)
+        )
     except READ_ERRORS as error:
         raise ModelLoadError(f"Could not load the model in {folder}: {error}") from error
     model.eval()

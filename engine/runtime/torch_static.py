@@ -22,6 +22,8 @@ at an internal counter rather than at given positions (which a tree needs).
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -37,18 +39,41 @@ WARM_WINDOWS = 1024  # key windows up to this wide are captured while the pair l
 # projections may carry biases (Qwen2). Sliding-window models are excluded by
 # `keeps_every_position`.
 LLAMA_LAYOUT_TYPES = {"llama", "mistral", "qwen2"}
+# Rotary embeddings whose frequencies are fixed once the model is built. "dynamic" ones
+# recompute them from each call's longest position with a Python branch on a tensor, which a
+# graph cannot capture (a capture would freeze one branch); "longrope" switches them by each
+# call's longest position too, so a prompt run in 64-token chunks would not get the eager
+# frequencies. Unknown types stay eager to be safe.
+FIXED_ROPE_TYPES = {"default", "linear", "llama3", "yarn"}
+
+# A captured forward: its graph and the static outputs each replay rewrites, (bucket, V)
+# logits and the (bucket, D) final-norm hidden states they came from.
+Captured = tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]
 
 
 def runs_static(model: torch.nn.Module) -> bool:
     """Whether this runtime can run `model`: a Llama-layout decoder whose layers are plain
-    modules (bitsandbytes' int8 layers cannot be captured and stay on the eager runtime)."""
+    modules (bitsandbytes' int8 layers cannot be captured and stay on the eager runtime) and
+    whose rotary embedding has fixed frequencies."""
     config = model.config
     if config.model_type not in LLAMA_LAYOUT_TYPES or not keeps_every_position(model):
         return False
     if getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False):
         return False
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    return bool(layers) and all(not hasattr(layer.self_attn, "q_norm") for layer in layers)
+    decoder = getattr(model, "model", None)
+    layers = getattr(decoder, "layers", None)
+    if not layers or any(hasattr(layer.self_attn, "q_norm") for layer in layers):
+        return False
+    return _rope_is_fixed(getattr(decoder, "rotary_emb", None))
+
+
+def _rope_is_fixed(rotary_embedding: torch.nn.Module | None) -> bool:
+    if rotary_embedding is None:
+        return False
+    rope_type = getattr(rotary_embedding, "rope_type", None)
+    # transformers keeps one type per layer kind ({"full_attention": ...}) for some families.
+    types = rope_type.values() if isinstance(rope_type, dict) else [rope_type]
+    return all(kind in FIXED_ROPE_TYPES for kind in types)
 
 
 class StaticCacheForward:
@@ -61,6 +86,7 @@ class StaticCacheForward:
         attention = model.model.layers[0].self_attn
         dtype = model.dtype  # the compute dtype (an int8 weight-only model computes in bf16)
         kv_heads = config.num_key_value_heads
+        self.query_groups = config.num_attention_heads // kv_heads  # query heads per key/value head
         shape = (1, kv_heads, rows, attention.head_dim)
         with torch.inference_mode():
             self.cache = [
@@ -72,15 +98,18 @@ class StaticCacheForward:
     def cache_bytes(self) -> int:
         return sum(keys.numel() * keys.element_size() * 2 for keys, _ in self.cache)
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, visible: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """ids, positions, rows: (n,); visible: (n, window) bool over the cache's first
         `window` rows. Writes each token's keys and values at its row, then attends within
-        the window. Returns (n, V) logits in the model's dtype."""
+        the window. Returns (n, V) logits and the (n, D) final-norm hidden states the LM head
+        read, both in the model's dtype."""
         decoder = self.model.model
         count, window = visible.shape
         hidden = decoder.embed_tokens(ids[None])  # (1, n, H)
         cos, sin = decoder.rotary_emb(hidden, positions[None])
-        mask = visible[None, None]  # (1, 1, n, window)
+        mask = _grouped_mask(visible, self.query_groups, hidden.dtype)  # (1, 1, groups * n, window)
         for layer, (keys, values) in zip(decoder.layers, self.cache):
             attention = layer.self_attn
             x = layer.input_layernorm(hidden)
@@ -94,7 +123,8 @@ class StaticCacheForward:
             attended = _attend(query, keys[:, :, :window], values[:, :, :window], mask, attention.scaling)
             hidden = hidden + attention.o_proj(attended.transpose(1, 2).reshape(1, count, -1))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        return self.model.lm_head(decoder.norm(hidden))[0]
+        final = decoder.norm(hidden)[0]  # (n, D)
+        return self.model.lm_head(final), final
 
     def move(self, source: torch.Tensor, destination: torch.Tensor) -> None:
         for keys, values in self.cache:
@@ -103,30 +133,47 @@ class StaticCacheForward:
             values[:, :, destination] = values[:, :, source]
 
 
+def _grouped_mask(visible: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    """`_attend`'s mask: `visible` (n, window) once per query group, as the additive mask SDPA
+    would make of a boolean one (0 or -inf; no row is fully masked, since every token sees
+    itself). Made once a forward rather than converted again by every layer."""
+    additive = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
+    return additive.repeat(groups, 1)[None, None]  # (1, 1, groups * n, window)
+
+
 def _attend(query, keys, values, mask, scale):
-    # Grouped-query attention reads each key/value head for its group of query heads, rather
-    # than copying the whole cache once per group every call.
-    return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale, enable_gqa=True)
+    """query (1, heads, n, d) over keys and values (1, kv_heads, window, d): (1, heads, n, d).
+
+    Query head h reads key/value head h // groups (transformers' `repeat_kv`). Each group's
+    query heads are folded into the query length, one (groups * n)-row block per key/value
+    head: no copy of the cache per group, and no `enable_gqa`, which with a mask sends CUDA
+    to the slow math kernel rather than the memory-efficient one."""
+    _, heads, count, dim = query.shape
+    kv_heads = keys.shape[1]
+    folded = query.reshape(1, kv_heads, heads // kv_heads * count, dim)  # (1, kv_heads, groups * n, d)
+    attended = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask, scale=scale)
+    return attended.view(1, heads, count, dim)
 
 
 class StaticTorchRuntime(ModelRuntime):
     """A torch model over a static KV cache; on CUDA each (token bucket, key window) forward
     is a CUDA graph (`graphs=False` runs the same static forward eagerly: the CPU tests
-    check it against the eager runtime)."""
+    check it against the eager runtime). Opened with `hidden_states`, it keeps the final-norm
+    hidden states of the rows it returned logits for, a second output of the same graph."""
 
     def __init__(
         self, model: torch.nn.Module, device: torch.device, capacity: int, graphs: bool | None = None, hidden_states: bool = False
     ):
         super().__init__(model.get_output_embeddings().weight.shape[0])
-        if hidden_states:
-            raise ValueError("the static-cache runtime does not return hidden states yet")
         self.device = device
+        self.returns_hidden = hidden_states
+        self._hidden: torch.Tensor | None = None
         self.graphs_enabled = device.type == "cuda" if graphs is None else graphs
         self.name = "torch + CUDA graphs" if self.graphs_enabled else "torch (static cache)"
         self.capacity = capacity
         rows = SCRATCH_ROWS + capacity
         self.windows = _windows(rows)
-        self.forward_pass = StaticCacheForward(model, rows, device)
+        self.forward_pass: StaticCacheForward | None = StaticCacheForward(model, rows, device)  # None once closed
         widest = BUCKETS[-1]
         with torch.inference_mode():
             # One set of input buffers; a graph reads the first rows (and columns) it needs.
@@ -134,10 +181,19 @@ class StaticTorchRuntime(ModelRuntime):
             self.positions = torch.zeros(widest, dtype=torch.long, device=device)
             self.rows = torch.zeros(widest, dtype=torch.long, device=device)
             self.visible = torch.zeros(widest, rows, dtype=torch.bool, device=device)
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self.pool = torch.cuda.graph_pool_handle() if self.graphs_enabled else None
+        self.graphs: dict[tuple[int, int], Captured] = {}  # by (token bucket, key window)
+        self.pool = None  # the memory pool the graphs share (they never run at once), made at the first capture
+        self.graphs_failure: str | None = None  # why graphs were given up, when they were
 
     # ModelRuntime
+
+    def forward(self, new_ids: list[int], logits_wanted: int = 1) -> torch.Tensor:
+        self._check_room(len(new_ids))
+        return super().forward(new_ids, logits_wanted)
+
+    def forward_tree(self, new_ids: list[int], parents: list[int], logits_wanted: int) -> torch.Tensor:
+        self._check_room(len(new_ids))
+        return super().forward_tree(new_ids, parents, logits_wanted)
 
     def _run_chain(self, new_ids: list[int], logits_wanted: int) -> torch.Tensor:
         start, count = len(self), len(new_ids)
@@ -159,6 +215,7 @@ class StaticTorchRuntime(ModelRuntime):
         return self._run(new_ids, positions, visible, logits_wanted)
 
     def _keep(self, prefix: int, extra_slots: list[int]) -> None:
+        self._check_open()
         moved = [(slot, prefix + offset) for offset, slot in enumerate(extra_slots) if slot != prefix + offset]
         if moved:
             source = torch.tensor([SCRATCH_ROWS + slot for slot, _ in moved], device=self.device)
@@ -170,24 +227,45 @@ class StaticTorchRuntime(ModelRuntime):
     def _clear(self) -> None:
         pass  # stale rows are never visible; the next tokens overwrite them
 
+    def last_hidden_states(self) -> torch.Tensor:
+        if self._hidden is None:
+            return super().last_hidden_states()
+        return self._hidden
+
     # Running
+
+    def _check_room(self, count: int) -> None:
+        # Checked before the forward rather than in it: the base class forgets the cache of a
+        # forward that fails, and a reply too long to fit is no reason to lose the context.
+        self._check_open()
+        if len(self) + count > self.capacity:
+            raise ValueError(f"the context is full: {len(self) + count} tokens do not fit this model's {self.capacity}")
+
+    def _check_open(self) -> None:
+        if self.forward_pass is None:
+            raise ValueError("this runtime was closed")
 
     def _run(self, new_ids: list[int], positions: list[int], visible: torch.Tensor, logits_wanted: int) -> torch.Tensor:
         """`visible`: (tokens, slots) bool over the slots up to the last new token."""
         start, count = len(self), len(new_ids)
-        if start + count > self.capacity:
-            raise ValueError(f"the context is full: {start + count} tokens do not fit this model's {self.capacity}")
-        pieces = []
+        first_wanted = max(count - logits_wanted, 0)
         widest = BUCKETS[-1]
-        first_wanted = count - logits_wanted
+        pieces = []
         for begin in range(0, count, widest):
             end = min(begin + widest, count)
-            logits = self._run_chunk(new_ids[begin:end], positions[begin:end], start + begin, visible[begin:end, : start + end])
-            if end > first_wanted:
-                pieces.append(logits[max(first_wanted - begin, 0):])
-        return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+            chunk_visible = visible[begin:end, : start + end]
+            wanted_from = max(first_wanted - begin, 0)  # the chunk's first row whose logits are wanted
+            pieces.append(self._run_chunk(new_ids[begin:end], positions[begin:end], start + begin, chunk_visible, wanted_from))
+        logits, hidden = zip(*pieces)
+        if self.returns_hidden:
+            self._hidden = _joined(hidden)
+        return _joined(logits)
 
-    def _run_chunk(self, ids: list[int], positions: list[int], first_slot: int, visible: torch.Tensor) -> torch.Tensor:
+    def _run_chunk(
+        self, ids: list[int], positions: list[int], first_slot: int, visible: torch.Tensor, wanted_from: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run up to a bucket of tokens. Returns the float32 logits of its rows from
+        `wanted_from` on, and their hidden states when the runtime returns them (else None)."""
         count, slots = visible.shape
         bucket = next(size for size in BUCKETS if size >= count)
         window = next(width for width in self.windows if width >= SCRATCH_ROWS + slots)
@@ -201,26 +279,63 @@ class StaticTorchRuntime(ModelRuntime):
             self.positions[:bucket].copy_(torch.tensor(positions + [0] * padding), non_blocking=True)
             self.rows[:bucket].copy_(torch.tensor(rows), non_blocking=True)
             self.visible[:bucket, :window].copy_(padded_visible, non_blocking=True)
-            if self.graphs_enabled:
-                graph, logits = self._graph(bucket, window)
-                graph.replay()
-            else:
-                logits = self._forward(bucket, window)
-            # A copy: the next replay reuses the graph's output memory.
-            return logits[:count].to(torch.float32, copy=True)
+            logits, hidden = self._outputs(bucket, window)
+            # Only the wanted rows are upcast. Copies even when already float32: the next
+            # replay reuses the graph's output memory.
+            wanted = slice(wanted_from, count)
+            hidden_rows = hidden[wanted].to(torch.float32, copy=True) if self.returns_hidden else None
+            return logits[wanted].to(torch.float32, copy=True), hidden_rows
 
-    def _forward(self, bucket: int, window: int) -> torch.Tensor:
+    def _forward(self, bucket: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.forward_pass(self.ids[:bucket], self.positions[:bucket], self.rows[:bucket], self.visible[:bucket, :window])
 
-    def _graph(self, bucket: int, window: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _outputs(self, bucket: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward over the inputs in the buffers: its graph replayed, or run eagerly."""
+        captured = self._graph(bucket, window) if self.graphs_enabled else None
+        if captured is None:
+            return self._forward(bucket, window)
+        graph, outputs = captured
+        graph.replay()
+        return outputs
+
+    def _graph(self, bucket: int, window: int) -> Captured | None:
+        """The graph of this forward, captured at its first use; None once graphs were given up."""
         if (bucket, window) not in self.graphs:
-            self.graphs[bucket, window] = self._capture(bucket, window)
+            try:
+                self.graphs[bucket, window] = self._capture(bucket, window)
+            except RuntimeError as error:  # what torch raises for CUDA errors, out of memory included
+                self._give_up_graphs(error)
+                return None
         return self.graphs[bucket, window]
 
-    def _capture(self, bucket: int, window: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    def _give_up_graphs(self, error: RuntimeError) -> None:
+        # A capture that fails (an operation no graph can hold, or no memory left for one)
+        # should cost speed, not the load or the reply: the same static forward runs eagerly,
+        # with the same results. Every graph goes, not only this one: the likely causes, an op
+        # every capture meets or a full GPU, would fail the next capture too, and freeing the
+        # graphs' memory helps the eager forwards that follow.
+        # Ending a spoiled capture raises an error of its own; the one that spoiled it says why.
+        cause = error.__context__ if isinstance(error.__context__, RuntimeError) else error
+        self.graphs_failure = f"{type(cause).__name__}: {cause}"
+        self._free_graphs()
+        self.graphs_enabled = False
+        self.name = "torch (static cache)"
+        warnings.warn(
+            f"CUDA graph capture failed; the forwards run uncaptured (slower): {self.graphs_failure}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+    def _free_graphs(self) -> None:
+        if self.graphs and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # no replay may still be running in what is freed
+        # The static outputs live in the graphs' pool: dropping them with the graphs lets it go.
+        self.graphs = {}
+        self.pool = None
+
+    def _capture(self, bucket: int, window: int) -> Captured:
         # Capture over padding-only inputs (scratch rows, each seeing itself), so the warm-up
-        # and capture forwards write nothing a real token will read. The real inputs are
-        # copied in again before the first replay.
+        # and capture forwards write nothing a real token will read.
         buffers = (self.ids, self.positions, self.rows, self.visible)
         saved = [buffer[:bucket].clone() for buffer in buffers]
         self.ids[:bucket].zero_()
@@ -228,18 +343,39 @@ class StaticTorchRuntime(ModelRuntime):
         self.rows[:bucket].copy_(torch.arange(bucket))
         self.visible[:bucket].zero_()
         self.visible[:bucket, :bucket].fill_diagonal_(True)
+        try:
+            return self._record(bucket, window)
+        finally:
+            # Restored even when the capture fails: a capture at first use (a wider key window
+            # mid-conversation) parks the inputs of a real forward, which then runs.
+            for buffer, values in zip(buffers, saved):
+                buffer[:bucket].copy_(values)
+
+    def _record(self, bucket: int, window: int) -> Captured:
+        """Capture the forward as it stands in the buffers: the only CUDA-specific step."""
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up off the capture stream, as CUDA graphs require
-            for _ in range(2):
-                self._forward(bucket, window)
-        torch.cuda.current_stream().wait_stream(side)
+        try:
+            with torch.cuda.stream(side):  # warm-up off the capture stream, as CUDA graphs require
+                for _ in range(2):
+                    self._forward(bucket, window)
+        finally:
+            # Even after a failure: the buffers are restored next, and not under kernels still
+            # reading them.
+            torch.cuda.current_stream().wait_stream(side)
+        stream = torch.cuda.current_stream()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            logits = self._forward(bucket, window)
-        for buffer, values in zip(buffers, saved):
-            buffer[:bucket].copy_(values)
-        return graph, logits
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                outputs = self._forward(bucket, window)  # static: every replay writes them again
+        except RuntimeError:
+            # When ending a spoiled capture raises, torch.cuda.graph leaves its capture stream
+            # current; the eager forwards that follow belong on the usual one.
+            torch.cuda.set_stream(stream)
+            raise
+        return graph, outputs
 
     @property
     def warm_up_message(self) -> str | None:
@@ -248,12 +384,23 @@ class StaticTorchRuntime(ModelRuntime):
     def warm_up(self) -> None:
         """Capture the graphs of short conversations now, while the pair loads, rather than
         during a reply; wider key windows are captured when a conversation reaches them."""
-        if self.graphs_enabled:
-            with torch.inference_mode():
-                for window in self.windows:
-                    if window <= WARM_WINDOWS:
-                        for bucket in BUCKETS:
-                            self._graph(bucket, window)
+        shapes = [(bucket, window) for window in self.windows if window <= WARM_WINDOWS for bucket in BUCKETS]
+        with torch.inference_mode():
+            for bucket, window in shapes:
+                if not self.graphs_enabled:
+                    break  # never enabled, or a capture failed and the forwards run eagerly
+                self._graph(bucket, window)
+
+    def close(self) -> None:
+        """Free the graphs, their memory pool and the cache; the runtime cannot run after."""
+        self._free_graphs()
+        self.graphs_enabled = False
+        self.forward_pass = None
+        self._hidden = None
+
+
+def _joined(pieces: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
 
 def _windows(rows: int) -> tuple[int, ...]:

@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from engine import models
 from engine.config import DEMO_TARGET, ModelSpec
-from engine.errors import ModelLoadError
+from engine.errors import ModelLoadError, OutOfMemoryError
 from engine.models import (
     CPU_DEFAULT_PRECISION,
     MAX_CONTEXT_LENGTH,
@@ -248,3 +248,12 @@ def test_weight_only_int8_loads_as_int8_layers_that_the_static_runtime_runs(tiny
     eager_logits = loaded.open_runtime().forward([1, 2, 3], logits_wanted=3)
     static_logits = StaticTorchRuntime(loaded.model, loaded.device, 64, graphs=False).forward([1, 2, 3], logits_wanted=3)
     assert torch.allclose(eager_logits, static_logits, atol=1e-3)
+
+
+def test_running_out_of_memory_while_quantising_is_the_clear_out_of_memory_error(tiny_model_folder, monkeypatch):
+    def run_out(model):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+
+    monkeypatch.setattr(models, "quantise_weight_only", run_out)
+    with pytest.raises(OutOfMemoryError, match="ran out of memory while loading"):
+        load_model(ModelSpec(str(tiny_model_folder), precision="int8-wo", device="cpu"))

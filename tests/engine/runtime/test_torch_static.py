@@ -6,17 +6,20 @@ against the uncaptured forward where a CUDA GPU is present.
 """
 from __future__ import annotations
 
+import gc
 import random
+import weakref
 
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from engine.chat_prompt import Message
 from engine.config import DecodeSettings, ModelSpec, PairConfig
-from engine.int8_weights import quantise_weight_only, weight_bytes
+from engine.int8_weights import Int8Linear, quantise_weight_only, weight_bytes
 from engine.models import LoadedModel
 from engine.runtime.torch_eager import TorchRuntime
-from engine.runtime.torch_static import BUCKETS, StaticTorchRuntime, runs_static
+from engine.runtime.torch_static import BUCKETS, SCRATCH_ROWS, WARM_WINDOWS, StaticTorchRuntime, runs_static
 from engine.session import LoadedPair
 from engine.tree import TokenTree, forward_tree, keep_path
 
@@ -82,13 +85,173 @@ def test_a_forward_longer_than_the_widest_bucket_runs_in_chunks():
     assert torch.allclose(got, expected, atol=TOLERANCE)
 
 
-def test_a_full_context_is_a_clear_error_and_leaves_an_empty_cache():
-    runtime = static(tiny_llama(seed=1, vocab_size=VOCAB), capacity=16)
+def test_a_full_context_is_a_clear_error_that_keeps_the_cache():
+    model = tiny_llama(seed=1, vocab_size=VOCAB)
+    runtime = static(model, capacity=16)
     runtime.forward(list(range(10)))
     with pytest.raises(ValueError, match="context is full"):
         runtime.forward(list(range(10)))
-    assert len(runtime) == 0
-    runtime.forward([1, 2, 3])  # and it still works
+    with pytest.raises(ValueError, match="context is full"):
+        runtime.forward_tree(list(range(7)), [9, 10, 10, 12, 9, 14, 15], logits_wanted=7)
+    assert runtime.cached_ids == list(range(10))  # checked before running: nothing was lost
+    # and the cache still works: the next tokens see the same context the eager runtime does
+    expected = eager(model).forward(list(range(10)) + [1, 2, 3], logits_wanted=3)
+    assert torch.allclose(runtime.forward([1, 2, 3], logits_wanted=3), expected, atol=TOLERANCE)
+
+
+@torch.no_grad()
+def test_hidden_states_are_what_the_lm_head_read_and_the_eager_ones():
+    model = tiny_llama(seed=4, vocab_size=VOCAB)
+    runtime = StaticTorchRuntime(model, torch.device("cpu"), 400, graphs=False, hidden_states=True)
+    reference = TorchRuntime(model, torch.device("cpu"), hidden_states=True)
+    assert runtime.returns_hidden
+    prompt = [random.Random(2).randrange(VOCAB) for _ in range(BUCKETS[-1] + 10)]
+    steps = [
+        lambda r: r.forward(prompt, logits_wanted=15),  # chunked: the wanted rows span two chunks
+        lambda r: r.forward([1, 2, 3], logits_wanted=2),
+        lambda r: r.forward_tree([5, 6, 7], [len(prompt) + 1, len(prompt) + 1, len(prompt) + 3], logits_wanted=3),
+    ]
+    for step in steps:
+        logits = step(runtime)
+        hidden = runtime.last_hidden_states()
+        assert hidden.dtype == torch.float32 and hidden.shape == (len(logits), model.config.hidden_size)
+        torch.testing.assert_close(model.lm_head(hidden), logits, rtol=1e-5, atol=1e-5)
+        step(reference)
+        torch.testing.assert_close(hidden, reference.last_hidden_states(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_static_runtime_without_hidden_states_says_so():
+    runtime = static(tiny_llama(seed=1, vocab_size=VOCAB))
+    runtime.forward([1, 2])
+    with pytest.raises(ValueError, match="without hidden states"):
+        runtime.last_hidden_states()
+
+
+def test_a_tree_wider_than_the_widest_bucket_runs_in_chunks():
+    rng = random.Random(5)
+    model = tiny_llama(seed=8, vocab_size=VOCAB)
+    runtimes = (eager(model), static(model))
+    context = [rng.randrange(VOCAB) for _ in range(30)]
+    for runtime in runtimes:
+        runtime.forward(context[:-1])
+    tree = random_tree(rng, context[-1], 2 * BUCKETS[-1] + 9)  # later chunks see branches of earlier ones
+    logits = [forward_tree(runtime, context, tree) for runtime in runtimes]
+    assert logits[1].shape == (len(tree), VOCAB)
+    assert torch.allclose(logits[0], logits[1], atol=TOLERANCE)
+    path = tree.path(len(tree) - 1)
+    for runtime in runtimes:
+        keep_path(runtime, len(context), path)
+    following = [3, 1, 4]
+    logits = [runtime.forward(following, logits_wanted=3) for runtime in runtimes]
+    assert torch.allclose(logits[0], logits[1], atol=TOLERANCE)
+
+
+class GraphStandIn:
+    """What the capture path gets on the CPU instead of a CUDA graph: `replay` runs the forward
+    again and writes the results into the outputs made at "capture", as a replayed graph
+    rewrites its static outputs in place."""
+
+    def __init__(self, forward):
+        self.forward = forward
+        self.outputs = forward()
+
+    def replay(self) -> None:
+        for static_output, fresh in zip(self.outputs, self.forward()):
+            static_output.copy_(fresh)
+
+
+def record_on_the_cpu(runtime: StaticTorchRuntime, recorded: list, fails=lambda bucket, window: False):
+    """Stand-in for `_record`, the capture's only CUDA step; `fails` picks shapes that fail."""
+
+    def record(bucket, window):
+        if fails(bucket, window):
+            raise RuntimeError("operation not permitted when stream is capturing")
+        # a capture runs on padding alone: each token writing its own scratch row, seeing itself
+        assert runtime.rows[:bucket].tolist() == list(range(bucket))
+        assert torch.equal(runtime.visible[:bucket, :bucket], torch.eye(bucket, dtype=torch.bool))
+        recorded.append((bucket, window))
+        graph = GraphStandIn(lambda: runtime._forward(bucket, window))
+        return graph, graph.outputs
+
+    return record
+
+
+def graphed(model, recorded: list, capacity=1200, **fails) -> StaticTorchRuntime:
+    runtime = StaticTorchRuntime(model, torch.device("cpu"), capacity, graphs=True, hidden_states=True)
+    runtime._record = record_on_the_cpu(runtime, recorded, **fails)
+    return runtime
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_graphs_captured_at_warm_up_or_first_use_replay_the_eager_logits(warm):
+    rng = random.Random(3)
+    model = tiny_llama(seed=6, vocab_size=VOCAB)
+    recorded = []
+    runtime, reference = graphed(model, recorded), TorchRuntime(model, torch.device("cpu"), hidden_states=True)
+    if warm:
+        runtime.warm_up()
+        warm_windows = [window for window in runtime.windows if window <= WARM_WINDOWS]
+        assert recorded == [(bucket, window) for window in warm_windows for bucket in BUCKETS]
+    else:
+        assert recorded == []
+    context = [rng.randrange(VOCAB) for _ in range(WARM_WINDOWS - SCRATCH_ROWS + 40)]  # its last chunk needs a wider window
+    logits = [r.forward(context, logits_wanted=3) for r in (runtime, reference)]
+    assert (BUCKETS[-1], runtime.windows[-1]) in recorded  # captured at first use, mid-forward
+    assert torch.allclose(logits[0], logits[1], atol=TOLERANCE)
+    assert torch.allclose(runtime.last_hidden_states(), reference.last_hidden_states(), atol=TOLERANCE)
+    kept = logits[0].clone()
+    for _ in range(3):
+        tree = random_tree(rng, context[-1], rng.randrange(1, 12))
+        results = [forward_tree(r, context, tree) for r in (runtime, reference)]
+        assert torch.allclose(results[0], results[1], atol=TOLERANCE)
+        assert torch.allclose(runtime.last_hidden_states(), reference.last_hidden_states(), atol=TOLERANCE)
+        path = tree.path(rng.randrange(len(tree)))
+        for r in (runtime, reference):
+            keep_path(r, len(context), path)
+        context = context + [tree.tokens[node] for node in path]
+    assert torch.equal(logits[0], kept)  # what a forward returned is a copy, not the graph's output
+
+
+def test_a_capture_that_fails_at_warm_up_leaves_the_uncaptured_forward():
+    model = tiny_llama(seed=6, vocab_size=VOCAB)
+    runtime = graphed(model, [], fails=lambda bucket, window: True)
+    with pytest.warns(RuntimeWarning, match="capture failed"):
+        runtime.warm_up()  # and the load goes on
+    assert not runtime.graphs_enabled and runtime.graphs == {} and runtime.pool is None
+    assert "not permitted when stream is capturing" in runtime.graphs_failure
+    assert runtime.name == "torch (static cache)"
+    expected = eager(model).forward([1, 2, 3], logits_wanted=3)
+    assert torch.allclose(runtime.forward([1, 2, 3], logits_wanted=3), expected, atol=TOLERANCE)
+
+
+def test_a_capture_that_fails_mid_conversation_still_gives_that_forward_right():
+    rng = random.Random(4)
+    model = tiny_llama(seed=6, vocab_size=VOCAB)
+    recorded = []
+    runtime = graphed(model, recorded, fails=lambda bucket, window: window > WARM_WINDOWS)
+    runtime.warm_up()
+    assert runtime.graphs_enabled
+    context = [rng.randrange(VOCAB) for _ in range(WARM_WINDOWS - SCRATCH_ROWS + 40)]
+    with pytest.warns(RuntimeWarning, match="capture failed"):
+        logits = runtime.forward(context, logits_wanted=5)  # the failed capture had parked its inputs
+    assert not runtime.graphs_enabled and runtime.graphs == {}
+    assert torch.allclose(logits, eager(model).forward(context, logits_wanted=5), atol=TOLERANCE)
+    assert runtime.cached_ids == context
+
+
+def test_close_frees_the_graphs_and_the_cache():
+    recorded = []
+    runtime = graphed(tiny_llama(seed=6, vocab_size=VOCAB), recorded)
+    runtime.forward([1, 2, 3])
+    cache = weakref.ref(runtime.forward_pass.cache[0][0])
+    graph_output = weakref.ref(runtime.graphs[recorded[0]][1][0])
+    runtime.close()
+    gc.collect()
+    assert cache() is None and graph_output() is None
+    assert runtime.graphs == {} and runtime.pool is None
+    with pytest.raises(ValueError, match="closed"):
+        runtime.forward([4])
+    runtime.close()  # twice is harmless
 
 
 def tiny_pair(make_word_tokenizer, runtime_factory) -> LoadedPair:
@@ -142,6 +305,45 @@ def test_weight_only_int8_keeps_the_logits_close_in_half_the_memory():
     assert torch.allclose(static(model).forward(ids[0].tolist(), logits_wanted=5), quantised, atol=TOLERANCE)
 
 
+def tiny_llama_with_biases(seed: int) -> LlamaForCausalLM:
+    """A tiny Llama whose projections and untied LM head all carry (nonzero) biases."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, attention_bias=True, mlp_bias=True,
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        head = torch.nn.Linear(config.hidden_size, VOCAB, bias=True)
+        head.weight.copy_(model.lm_head.weight * 20.0)  # sharp logits, as tiny_llama's
+        head.bias.normal_(0, 1.0)
+        model.lm_head = head
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module.bias is not None and module is not head:
+                module.bias.normal_(0, 0.2)
+    return model
+
+
+def test_weight_only_int8_of_a_bf16_model_with_biases_and_an_untied_head():
+    model = tiny_llama_with_biases(seed=5)
+    ids = [5, 9, 11, 40, 2, 7, 33]
+    with torch.no_grad():
+        reference = model(torch.tensor([ids])).logits[0]  # float32
+    model.to(torch.bfloat16)  # what int8-wo loads before quantising
+    quantise_weight_only(model)
+    head = model.get_output_embeddings()
+    assert isinstance(head, Int8Linear) and head.bias is not None
+    assert head.scale.dtype == model.get_input_embeddings().scale.dtype == torch.float32
+    with torch.no_grad():
+        quantised = model(torch.tensor([ids])).logits[0]
+    assert quantised.dtype == torch.bfloat16  # computed in the activations' dtype all along
+    error = (quantised.float() - reference).abs().max() / reference.abs().max()
+    assert 0 < error < 0.03  # int8 rounding on top of bf16's
+    eager_logits = eager(model).forward(ids, logits_wanted=len(ids))
+    static_logits = static(model).forward(ids, logits_wanted=len(ids))
+    assert (static_logits - eager_logits).abs().max() <= 0.01 * eager_logits.abs().max()  # bf16 noise
+
+
 def test_models_the_static_runtime_cannot_run_stay_on_the_eager_one():
     model = tiny_llama(seed=1, vocab_size=VOCAB)
     assert runs_static(model)
@@ -153,13 +355,31 @@ def test_models_the_static_runtime_cannot_run_stay_on_the_eager_one():
     assert not runs_static(model)
 
 
+@pytest.mark.parametrize(
+    ("rope_type", "static_ok"), [("default", True), ("linear", True), ("llama3", True), ("dynamic", False)]
+)
+def test_only_rotary_embeddings_with_fixed_frequencies_run_static(rope_type, static_ok):
+    rope = {"rope_type": rope_type, "rope_theta": 10000.0, "factor": 2.0}
+    if rope_type == "llama3":
+        rope |= {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 128}
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, rope_parameters=rope,
+    )
+    # "dynamic" recomputes its frequencies from each call's positions: no graph can hold that
+    assert runs_static(LlamaForCausalLM(config)) == static_ok
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_replayed_graphs_give_the_uncaptured_forward_logits(dtype):
     rng = random.Random(0)
     model = tiny_llama(seed=2, vocab_size=VOCAB).to("cuda", dtype)
-    captured, uncaptured = static(model, device="cuda", graphs=True), static(model, device="cuda", graphs=False)
+    captured, uncaptured = (
+        StaticTorchRuntime(model, torch.device("cuda"), 1200, graphs=graphs, hidden_states=True) for graphs in (True, False)
+    )
     captured.warm_up()
+    assert captured.graphs_enabled, captured.graphs_failure
     assert {bucket for bucket, _ in captured.graphs} == set(BUCKETS)
     context = [rng.randrange(VOCAB) for _ in range(200)]  # and the trees cross into a wider key window
     results = [runtime.forward(context, logits_wanted=2) for runtime in (captured, uncaptured)]
@@ -169,7 +389,18 @@ def test_replayed_graphs_give_the_uncaptured_forward_logits(dtype):
         results = [forward_tree(runtime, context, tree) for runtime in (captured, uncaptured)]
         assert results[0].shape == (len(tree), VOCAB)
         assert torch.equal(results[0], results[1])
+        assert torch.equal(captured.last_hidden_states(), uncaptured.last_hidden_states())
         path = tree.path(rng.randrange(len(tree)))
         for runtime in (captured, uncaptured):
             keep_path(runtime, len(context), path)
         context = context + [tree.tokens[node] for node in path]
+    # past the windows captured at warm-up: the widest is captured mid-forward, at first use
+    more = [rng.randrange(VOCAB) for _ in range(WARM_WINDOWS - len(context))]
+    results = [runtime.forward(more, logits_wanted=3) for runtime in (captured, uncaptured)]
+    assert (BUCKETS[-1], captured.windows[-1]) in captured.graphs and captured.graphs_enabled
+    assert torch.equal(results[0], results[1])
+    assert torch.equal(captured.last_hidden_states(), uncaptured.last_hidden_states())
+    in_use = torch.cuda.memory_allocated()
+    cache_bytes = captured.forward_pass.cache_bytes
+    captured.close()
+    assert torch.cuda.memory_allocated() <= in_use - cache_bytes  # the cache and the graphs' outputs went
