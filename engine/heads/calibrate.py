@@ -9,6 +9,9 @@ for SpecDec++. Prefixes are the target's own text: what a round's first drafted 
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,7 +64,40 @@ def calibrate(
 
         prompts = read_prompts(DISTILL_PROMPTS)
     chosen = prompts[: settings.prompts]
-    train_prompts, heldout_prompts = split_prompts(chosen)
+    _, heldout_prompts = split_prompts(chosen)
+    recording = _recording_path(pair, settings, chosen)
+    if recording.is_file():
+        # The same pair, prompts and settings were recorded before (training is what one
+        # retries): skip the minutes of replies.
+        saved = torch.load(recording, weights_only=False)
+        recorded, tokens = saved["recorded"], saved["tokens"]
+        report("replies", len(chosen), len(chosen))
+    else:
+        recorded, tokens = _record(pair, settings, chosen, heldout_prompts, report, should_stop)
+        recording.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"recorded": recorded, "tokens": tokens}, recording)
+    if not all(recorded[split]["greedy"] for split in recorded):
+        raise TandemError("The target wrote no reply to learn from; calibrate with more prompts.")
+    heads = train_heads(
+        {mode: Examples.concat(recorded["train"][mode]) for mode in MODES},
+        {mode: Examples.concat(recorded["heldout"][mode]) for mode in MODES},
+        settings, report, should_stop,
+    )
+    heads.card.update(
+        pair=pair.config.name, target=pair.target.label, draft=pair.draft.label,
+        data={"prompts": len(chosen), "heldout_prompts": len(heldout_prompts), "reply_tokens": tokens,
+              "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature,
+              "source": "the target's own replies to resources/prompts/distill_prompts.jsonl"},
+        seconds=round(time.perf_counter() - started, 1),
+    )
+    save_heads(out_folder or user_heads_folder(pair.config.name), heads)
+    pair.attach_heads(heads)
+    return heads
+
+
+def _record(pair, settings: CalibrationSettings, chosen: list[str], heldout_prompts: list[str],
+            report: Progress, should_stop: Callable[[], bool]) -> tuple[dict, int]:
+    """The target's reply to every prompt, and the examples of every reply position."""
     draft = pair.draft.open_runtime(hidden_states=True)  # a cache of its own: the pair's stays as it is
     try:
         recorded = {"train": _empty(), "heldout": _empty()}
@@ -83,23 +119,14 @@ def calibrate(
     finally:
         draft.close()
         pair.target_runner.reset()
-    if not all(recorded[split]["greedy"] for split in recorded):
-        raise TandemError("The target wrote no reply to learn from; calibrate with more prompts.")
-    heads = train_heads(
-        {mode: Examples.concat(recorded["train"][mode]) for mode in MODES},
-        {mode: Examples.concat(recorded["heldout"][mode]) for mode in MODES},
-        settings, report, should_stop,
-    )
-    heads.card.update(
-        pair=pair.config.name, target=pair.target.label, draft=pair.draft.label,
-        data={"prompts": len(chosen), "heldout_prompts": len(heldout_prompts), "reply_tokens": tokens,
-              "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature,
-              "source": "the target's own replies to resources/prompts/distill_prompts.jsonl"},
-        seconds=round(time.perf_counter() - started, 1),
-    )
-    save_heads(out_folder or user_heads_folder(pair.config.name), heads)
-    pair.attach_heads(heads)
-    return heads
+    return recorded, tokens
+
+
+def _recording_path(pair, settings: CalibrationSettings, prompts: list[str]) -> Path:
+    from ..paths import cache_dir
+
+    identity = json.dumps([pair.target.label, pair.target.precision, pair.draft.label, dataclasses.asdict(dataclasses.replace(settings, training_steps=0)), prompts])
+    return cache_dir() / "calibration" / f"{hashlib.sha256(identity.encode()).hexdigest()[:16]}.pt"
 
 
 def train_heads(train: dict[str, Examples], heldout: dict[str, Examples], settings: CalibrationSettings,
@@ -114,7 +141,8 @@ def train_heads(train: dict[str, Examples], heldout: dict[str, Examples], settin
         modes[mode] = {"sprinter": sprinter, "acceptance": acceptance, "training_examples": len(train[mode].drafted)}
     report("training", len(MODES), len(MODES))
     width = next(iter(train.values())).features.shape[1]
-    card = {"feature_width": width, "acceptance_blocks": len(acceptance_heads["greedy"].blocks), "modes": modes}
+    head = acceptance_heads["greedy"]
+    card = {"feature_width": width, "acceptance_blocks": len(head.blocks), "acceptance_width": head.logit.in_features, "modes": modes}
     return DraftHeads(verifiers, acceptance_heads, card)
 
 

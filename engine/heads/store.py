@@ -72,10 +72,11 @@ def load_heads(folder: Path) -> DraftHeads:
         tensors = load_file(str(folder / WEIGHTS_FILE))
         width = int(card["feature_width"])
         blocks = int(card.get("acceptance_blocks", 3))
+        inner = int(card.get("acceptance_width", 128))
         verifiers, acceptance_heads = {}, {}
         for mode in MODES:
             verifiers[mode] = _module(SprinterVerifier(width), tensors, f"sprinter.{mode}.")
-            acceptance_heads[mode] = _module(AcceptanceHead(width, blocks), tensors, f"acceptance.{mode}.")
+            acceptance_heads[mode] = _module(AcceptanceHead(width, blocks, inner), tensors, f"acceptance.{mode}.")
             float(card["modes"][mode]["sprinter"]["threshold"])
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as error:
         raise ModelLoadError(f"The calibrated heads in {folder} cannot be read ({error}); run tandem calibrate again.") from error
