@@ -21,13 +21,14 @@ import torch
 import transformers
 
 from .chat_prompt import Message, build_prompt
-from .config import DEMO_TARGET, ConfigError, DecodeSettings
+from .config import APPROXIMATE_METHODS, DEMO_TARGET, METHODS, ConfigError, DecodeSettings
 from .events import Finished
+from .quality import rouge_l_f1, target_nll
 from .runtime import llamacpp_library
 from .session import LoadedPair
 from .stats import GenerationStats
 
-ENGINE_METHODS = ("ar", "chain", "tree", "staged", "ngram")
+ENGINE_METHODS = METHODS
 # Peers: transformers' assisted generation on the same weights, and llama.cpp's plain
 # generation of the same target file (the number a CPU user compares with).
 PEER_METHODS = ("hf-assisted", "llamacpp-ar")
@@ -51,6 +52,8 @@ class MethodResult:
     method: str
     runs: list[RunRecord] = field(default_factory=list)
     peak_rss_mb: float = 0.0
+    nll_total: float = 0.0  # the target's NLL of every output token, summed (after timing)
+    nll_tokens: int = 0
 
     def summary(self, reference: MethodResult | None) -> dict:
         tokens = sum(len(run.token_ids) for run in self.runs)
@@ -81,6 +84,13 @@ class MethodResult:
             "draft_time_s": sum(s.draft_time_s for s in with_stats),
             "target_time_s": sum(s.target_time_s for s in with_stats),
             "exact_match_vs_ar": None,
+            # Quality, for approximate methods above all: the target's mean NLL per output
+            # token at temperature 1, and ROUGE-L F1 of each output against ar's.
+            "exact": self.method not in APPROXIMATE_METHODS,
+            "target_nll": self.nll_total / self.nll_tokens if self.nll_tokens else None,
+            "rouge_l_vs_ar": None,
+            "unchecked_share": sum(s.unchecked_tokens for s in with_stats) / tokens if with_stats and tokens else None,
+            "target_calls_skipped": sum(s.target_calls_skipped for s in with_stats) if with_stats else None,
             "peak_rss_mb": self.peak_rss_mb,
             "per_prompt": [
                 {
@@ -99,6 +109,8 @@ class MethodResult:
             expected = {run.prompt_index: run.token_ids for run in reference.runs}
             matches = [run.token_ids == expected.get(run.prompt_index) for run in self.runs]
             summary["exact_match_vs_ar"] = sum(matches) / len(matches) if matches else None
+            overlaps = [rouge_l_f1(run.token_ids, expected[run.prompt_index]) for run in self.runs if run.prompt_index in expected]
+            summary["rouge_l_vs_ar"] = sum(overlaps) / len(overlaps) if overlaps else None
         return summary
 
 
@@ -181,6 +193,8 @@ class Bench:
                 results[method].runs.append(RunRecord(index, token_ids, seconds, stats))
                 results[method].peak_rss_mb = max(results[method].peak_rss_mb, peak())
                 progress(f"prompt {index + 1}/{len(prompts)} {method:>12}: {len(token_ids) / seconds:6.1f} tok/s")
+        progress("scoring every output with the target…")
+        self._score_with_target(prompts, results)
         reference = results.get("ar")
         learnt_shapes = {} if self.settings.fixed_tree_shape else self.pair.auto_tree_shapes
         return {
@@ -190,6 +204,17 @@ class Bench:
             "results": [results[method].summary(reference) for method in methods],
             "tree_shapes": {method: learnt_shapes[method].describe() for method in methods if method in learnt_shapes},
         }
+
+    def _score_with_target(self, prompts: list[str], results: dict[str, MethodResult]) -> None:
+        """One target forward per output, after all timing: the target's NLL of it."""
+        pair = self.pair
+        for result in results.values():
+            for run in result.runs:
+                prompt_ids = build_prompt(pair.tokenizer, [Message("user", prompts[run.prompt_index])], None, pair.context_length).token_ids
+                total, count = target_nll(pair.target_runner, prompt_ids, run.token_ids)
+                result.nll_total += total
+                result.nll_tokens += count
+        pair.reset_caches()
 
     def _runner(self, method: str) -> Callable[..., tuple[tuple[int, ...], float, GenerationStats | None]]:
         if method in ENGINE_METHODS:
@@ -380,7 +405,7 @@ def _cpu_name() -> str:
 def format_table(report: dict) -> str:
     header = (
         f"{'method':<12} {'tok/s':>7} {'vs ar':>6} {'accept':>7} {'tok/call':>8} {'calls/tok':>9} "
-        f"{'drafts/call':>11} {'stage acc':>9} {'exact':>6} {'peak MB':>8}"
+        f"{'drafts/call':>11} {'stage acc':>9} {'exact':>6} {'nll':>6} {'rougeL':>6} {'peak MB':>8}"
     )
     lines = [header, "-" * len(header)]
 
@@ -393,7 +418,8 @@ def format_table(report: dict) -> str:
             f"{show(row['acceptance_rate'], '{:.3f}'):>7} {show(row['mean_accepted_per_target_call'], '{:.2f}'):>8} "
             f"{show(row['target_calls_per_token'], '{:.3f}'):>9} {show(row['draft_calls_per_target_call'], '{:.2f}'):>11} "
             f"{show(row['draft_stage_acceptance'], '{:.3f}'):>9} {show(row['exact_match_vs_ar'], '{:.2f}'):>6} "
-            f"{row['peak_rss_mb']:>8.0f}"
+            f"{show(row.get('target_nll'), '{:.3f}'):>6} {show(row.get('rouge_l_vs_ar'), '{:.3f}'):>6} {row['peak_rss_mb']:>8.0f}"
+            + ("  APPROXIMATE" if row.get("exact") is False else "")
         )
     for method, shape in report.get("tree_shapes", {}).items():
         costs = ", ".join(f"{size}: {ms:.0f}" for size, ms in shape["verify_ms_by_tokens"].items())

@@ -62,7 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_decoding_arguments(bench, default_max_new_tokens=128)
     bench.add_argument("--prompts", type=Path, help="JSON Lines file with a \"prompt\" key per line (default: shipped set)")
     bench.add_argument("--limit", type=int, help="use only the first N prompts")
-    bench.add_argument("--methods", default="ar,chain", help="comma-separated methods (ar, chain, tree, staged, ngram, hf-assisted, llamacpp-ar), or all (default: ar,chain)")
+    bench.add_argument("--methods", default="ar,chain", help="comma-separated methods (ar, chain, tree, staged, ngram, adaptive, sprinter, hf-assisted, llamacpp-ar), "
+                       "or all (default: ar,chain). Every output is scored afterwards: the target's NLL per token "
+                       "(nll) and ROUGE-L F1 against ar's output (rougeL)")
     bench.add_argument("--json", type=Path, dest="json_out", help="write the full report here")
     bench.add_argument("--profile", type=int, metavar="N", default=0, help="also print the N functions that took the most time")
     bench.set_defaults(run=_run_bench)

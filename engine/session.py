@@ -283,6 +283,7 @@ class Generation:
             outcome = play_round(context, room, sampler)
             tokens, kinds, hit_stop = self._trim(outcome, settings.max_new_tokens - len(reply))
             _count_round(stats, outcome)
+            stats.unchecked_tokens += kinds.count(Provenance.UNCHECKED)  # of those the budget kept
             context += tokens
             reply += tokens
             provenance += kinds
@@ -420,7 +421,6 @@ def _count_round(stats: GenerationStats, outcome: RoundOutcome) -> None:
         stats.target_calls += 1
     else:
         stats.target_calls_skipped += 1
-    stats.unchecked_tokens += outcome.unchecked
     stats.draft_calls += outcome.draft_calls
     stats.draft_time_s += outcome.draft_s
     stats.target_time_s += outcome.target_s
