@@ -13,6 +13,7 @@ from engine.config import ModelSpec, PairConfig
 from engine.errors import ModelLoadError
 
 Progress = Callable[[str, "float | None"], None]
+CalibrationProgress = Callable[[str, int, int], None]  # phase ("replies" | "training"), done, total
 
 
 class EngineApi(Protocol):
@@ -24,6 +25,10 @@ class EngineApi(Protocol):
 
     def download_model(self, repo_id: str, progress: Progress) -> str:
         """Fetch a Hugging Face repo for offline use; return the model source to save."""
+
+    def calibrate(self, pair: Any, progress: CalibrationProgress, should_stop: Callable[[], bool]) -> dict | None:
+        """Train `pair`'s SPRINTER and SpecDec++ heads, save them and attach them to it;
+        return their card, or None when `should_stop` ended it (nothing changed)."""
 
 
 class LocalEngine:
@@ -50,6 +55,14 @@ class LocalEngine:
         if spec.source not in self._tokenizers:
             self._tokenizers[spec.source] = load_tokenizer_only(spec)
         return self._tokenizers[spec.source]
+
+    def calibrate(self, pair: Any, progress: CalibrationProgress, should_stop: Callable[[], bool]) -> dict | None:
+        from engine.heads.calibrate import CalibrationCancelled, CalibrationSettings, calibrate
+
+        try:
+            return calibrate(pair, CalibrationSettings(), progress, should_stop).card
+        except CalibrationCancelled:
+            return None
 
     def download_model(self, repo_id: str, progress: Progress) -> str:
         from huggingface_hub import snapshot_download
