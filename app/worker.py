@@ -262,6 +262,7 @@ class EngineClient(QObject):
         self.loading: PairConfig | None = None  # the latest pair asked for and not yet loaded
         self.active_request: int | None = None
         self.calibrating = False  # the worker is (or will be) busy calibrating the pair's heads
+        self.calibration_step: tuple[str, int, int] | None = None  # its latest progress report
         self._pending_loads = 0
         self._next_request_id = 1
         self._closed = False
@@ -333,7 +334,7 @@ class EngineClient(QObject):
 
     def calibrate(self) -> None:
         """Calibrate the active pair's heads on the worker; replies wait until it ends."""
-        self.calibrating = True
+        self.calibrating, self.calibration_step = True, None
         self.worker.arm_calibration()
         self._calibrate_requested.emit()
         self.busy_changed.emit()
@@ -443,6 +444,7 @@ class EngineClient(QObject):
     @Slot(str, int, int)
     def _on_calibration_progress(self, phase: str, done: int, total: int) -> None:
         if not self._closed:
+            self.calibration_step = (phase, done, total)
             self.calibration_progress.emit(phase, done, total)
 
     @Slot(object)
