@@ -32,10 +32,12 @@ class EngineApi(Protocol):
 
 
 class LocalEngine:
-    """The real engine."""
+    """The real engine. `calibration` (an engine.heads.calibrate.CalibrationSettings) replaces
+    the default calibration, e.g. a smaller one for the screenshots."""
 
-    def __init__(self) -> None:
+    def __init__(self, calibration: Any = None) -> None:
         self._tokenizers: dict[str, Any] = {}  # by model source: reading one can take seconds
+        self._calibration = calibration
 
     def load_pair(self, config: PairConfig, progress: Progress) -> Any:
         if "engine.session" not in sys.modules:  # the first load imports torch and transformers first
@@ -60,7 +62,7 @@ class LocalEngine:
         from engine.heads.calibrate import CalibrationCancelled, CalibrationSettings, calibrate
 
         try:
-            return calibrate(pair, CalibrationSettings(), progress, should_stop).card
+            return calibrate(pair, self._calibration or CalibrationSettings(), progress, should_stop).card
         except CalibrationCancelled:
             return None
 

@@ -23,10 +23,10 @@ from .error_text import error_text
 from .worker import EngineClient, PairInfo
 
 WHAT_IT_DOES = (
-    "Calibrating lets the target answer 160 shipped prompts, then trains two small heads on the "
-    "draft's hidden state to predict whether the target accepts each drafted token: a few minutes "
-    "on this machine, during which replies wait. Afterwards the toolbar's Verifier switch offers "
-    "SPRINTER (approximate) and the method box the adaptive chain (SpecDec++, exact)."
+    "Calibrating has the target answer the shipped distillation prompts, then trains two small heads "
+    "on the draft's hidden state to predict whether the target accepts each drafted token. It takes "
+    "minutes (longest on a CPU), and replies wait meanwhile. Afterwards the toolbar's Verifier switch "
+    "offers SPRINTER (approximate) and the method box the adaptive chain (SpecDec++, exact)."
 )
 
 

@@ -4,13 +4,14 @@ in the status bar."""
 from __future__ import annotations
 
 from PySide6.QtCore import QSettings, Qt, QTimer, Slot
-from PySide6.QtGui import QAction, QCloseEvent, QColor, QKeySequence, QPixmap
+from PySide6.QtGui import QAction, QCloseEvent, QColor, QKeySequence, QPainter, QPaintEvent, QPixmap
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
     QLabel,
     QMainWindow,
     QProgressBar,
+    QSizePolicy,
     QSplitter,
     QToolBar,
     QWidget,
@@ -19,6 +20,7 @@ from PySide6.QtWidgets import (
 from engine.config import (
     APPROXIMATE_METHODS,
     CHAT_DEFAULT_TEMPERATURE,
+    HEAD_METHODS,
     METHODS,
     ConfigError,
     DecodeSettings,
@@ -39,7 +41,7 @@ from .error_text import error_text
 from .figures import calibration_step, method_title, sprinter_quality
 from .load_steps import LoadSteps
 from .message_widget import is_dark
-from .provenance import DARK_COLOURS, LEGEND, LIGHT_COLOURS
+from .provenance import DARK_COLOURS, LEGEND, LEGEND_TIPS, LIGHT_COLOURS
 from .settings import AppSettings, load_settings, save_settings
 from .settings_dialog import METHOD_LABELS, SettingsDialog, pair_details
 from .speed_panel import SpeedPanel
@@ -70,8 +72,25 @@ class ProvenanceLegend(QWidget):
             pixmap = QPixmap(12, 12)
             pixmap.fill(QColor(colours[kind]))
             swatch.setPixmap(pixmap)
+            label = QLabel(meaning)
+            for part in (swatch, label):
+                part.setToolTip(LEGEND_TIPS[kind])
             layout.addWidget(swatch)
-            layout.addWidget(QLabel(meaning))
+            layout.addWidget(label)
+
+
+class ElidedLabel(QLabel):
+    """One line that ends in "…" where it is narrower than its text, instead of being cut."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+
+    def paintEvent(self, _event: QPaintEvent) -> None:
+        area = self.contentsRect()
+        shown = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, area.width())
+        painter = QPainter(self)
+        self.style().drawItemText(painter, area, int(self.alignment()), self.palette(), self.isEnabled(), shown, self.foregroundRole())
 
 
 class MainWindow(QMainWindow):
@@ -136,7 +155,8 @@ class MainWindow(QMainWindow):
         toolbar.addWidget(self.pair_combo)
         toolbar.addWidget(QLabel(" Method "))
         self.method_combo = QComboBox()
-        self.method_combo.setToolTip("Decoding method for the next reply")
+        # Widens to "adaptive chain (SpecDec++)" once the pair has calibrated heads.
+        self.method_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         toolbar.addWidget(self.method_combo)
         self.greedy_action = QAction("Greedy", self)
         self.greedy_action.setCheckable(True)
@@ -178,7 +198,7 @@ class MainWindow(QMainWindow):
         self.load_clock = QTimer(self)  # counts the seconds of the step in progress
         self.load_clock.setInterval(1000)
         self.load_clock.timeout.connect(self._show_load_step)
-        self.load_label = QLabel()
+        self.load_label = ElidedLabel()  # gives way to the colour legend beside it
         self.load_progress = QProgressBar()
         self.load_progress.setMaximumWidth(180)
         self.load_progress.setVisible(False)
@@ -376,9 +396,11 @@ class MainWindow(QMainWindow):
         )
 
     def _fill_method_combo(self, info: PairInfo | None) -> None:
-        """The pair's exact methods; SPRINTER is the Verifier switch's."""
+        """The pair's exact methods; SPRINTER is the Verifier switch's. Before a pair loads,
+        those that need no calibrated heads (the box is sized for them when it first shows:
+        Qt widens a combo box for longer items later, but never narrows it)."""
         self.method_combo.clear()
-        for method in info.methods if info else METHODS:
+        for method in info.methods if info else [m for m in METHODS if m not in HEAD_METHODS]:
             if method in APPROXIMATE_METHODS:
                 continue
             self.method_combo.addItem(method_title(method), method)

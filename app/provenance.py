@@ -25,12 +25,22 @@ DARK_COLOURS = {
     Provenance.BONUS.value: "#463a7a",
     Provenance.UNCHECKED.value: "#6e2440",
 }
+# Short enough for the status bar beside the loaded pair's line; LEGEND_TIPS say it in full.
 LEGEND = (
     (Provenance.DRAFT.value, "Drafted, accepted by the target"),
     (Provenance.TARGET.value, "Produced by the target"),
-    (Provenance.BONUS.value, "Target's bonus token after a fully accepted draft"),
-    (Provenance.UNCHECKED.value, "Unchecked by the target (SPRINTER, approximate)"),
+    (Provenance.BONUS.value, "Target's bonus token"),
+    (Provenance.UNCHECKED.value, "Unchecked (SPRINTER, approximate)"),
 )
+LEGEND_TIPS = {
+    Provenance.DRAFT.value: "Proposed by the draft and accepted by the target's verification",
+    Provenance.TARGET.value: "Produced by the target itself, after it rejected a draft token (or in ar)",
+    Provenance.BONUS.value: "The target's extra token after it accepted every draft token of a round",
+    Provenance.UNCHECKED.value: (
+        "SPRINTER (approximate): drafted and passed by the learned verifier; the target never checked it, "
+        "so it may differ from what the target would have written"
+    ),
+}
 
 
 def split_delta(delta: TextDelta) -> list[tuple[str, str]]:

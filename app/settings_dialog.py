@@ -88,6 +88,10 @@ class DecodingForm(QWidget):
         self.verifier = QComboBox()
         for name, label, exact in verifiers:
             self.verifier.addItem(label if exact else f"{label} (approximate: output may differ from the target's)", name)
+        self.verifier.setToolTip(
+            "How sampled draft tokens are verified against the target (SPRINTER checks its flagged tokens this way too). "
+            "Exact or SPRINTER (approximate) is the toolbar's Verifier switch."
+        )
         self.temperature = QDoubleSpinBox()
         self.temperature.setRange(0.0, 2.0)
         self.temperature.setSingleStep(0.1)
@@ -115,7 +119,7 @@ class DecodingForm(QWidget):
         form.addRow("Method", self.method)
         form.addRow("Draft tokens (K)", self.draft_tokens)
         form.addRow("Tree shape", self.tree_shape)
-        form.addRow("Verifier", self.verifier)
+        form.addRow("Exact verifier", self.verifier)
         form.addRow("Temperature", self.temperature)
         form.addRow("Top-p", self.top_p)
         form.addRow("Top-k", self.top_k)

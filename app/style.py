@@ -31,8 +31,8 @@ QFrame#banner[kind="warning"] {{ background: {warning_background}; border-color:
 QWidget#verifierSwitch QToolButton {{ border: 1px solid palette(mid); padding: 2px 8px; }}
 QToolButton#verifierExact {{ border-top-left-radius: 4px; border-bottom-left-radius: 4px; }}
 QToolButton#verifierSprinter {{ border-top-right-radius: 4px; border-bottom-right-radius: 4px; border-left: none; }}
-QToolButton#verifierExact:checked {{ background: {exact_background}; font-weight: bold; }}
-QToolButton#verifierSprinter:checked {{ background: {approximate_background}; color: {approximate_text}; font-weight: bold; }}
+QToolButton#verifierExact:checked {{ background: {exact_background}; }}
+QToolButton#verifierSprinter:checked {{ background: {approximate_background}; color: {approximate_text}; }}
 QLabel#verifierFigure[approximate="true"], QLabel#approximateBadge {{ color: {approximate_text}; font-weight: bold; }}
 QLabel#approximateBadge {{ background: {approximate_background}; border: 1px solid {approximate_text};
     border-radius: 7px; padding: 0px 6px; }}

@@ -40,7 +40,7 @@ def sprinter_refusal(info: PairInfo | None) -> str | None:
         return (f"SPRINTER is off for “{name}”: {info.heads_problem} "
                 "Calibrate again in Settings → Model pairs → Calibrate heads.")
     return (f"SPRINTER needs heads calibrated for the pair “{name}”. To enable it: Settings → Model pairs → "
-            f"Calibrate heads (a few minutes on this machine), or run: tandem calibrate --pair {name}")
+            f"Calibrate heads (it takes minutes), or run: tandem calibrate --pair {name}")
 
 
 class VerifierSwitch(QWidget):

@@ -54,7 +54,7 @@ def sprinter_refusal(pair: LoadedPair) -> str | None:
     if pair.heads_problem:
         return f"SPRINTER cannot run on the pair {name!r}: {pair.heads_problem}"
     return (f"SPRINTER needs heads calibrated for the pair {name!r}, and it has none yet. "
-            f"Calibrate them (a few minutes) with: tandem calibrate --pair {name!r}, or with Calibrate heads in the app's Settings.")
+            f"Calibrate them (it takes minutes) with: tandem calibrate --pair {name!r}, or with Calibrate heads in the app's Settings.")
 
 
 def sprinter_quality(pair: LoadedPair, greedy: bool) -> str:
