@@ -13,9 +13,9 @@ from engine.events import Finished, PromptPrepared, PromptProgress, TextDelta
 
 from .chat_view import ChatPane
 from .error_text import error_text
-from .figures import reading, reply_figures
+from .figures import reading, reply_figures, sprinter_quality
 from .provenance import Runs, extend_runs, fit_runs, split_delta
-from .storage import COMPLETE, FAILED, STOPPED, STREAMING, ChatStore, StoredMessage
+from .storage import COMPLETE, EXACT, FAILED, STOPPED, STREAMING, ChatStore, StoredMessage
 from .worker import EngineClient
 
 NEW_TITLE = "New chat"
@@ -36,6 +36,7 @@ class Stream:
     conversation_id: int
     settings: DecodeSettings
     verifier_label: str
+    quality: dict | None = None  # an approximate reply's held-out verifier figures
     text: str = ""
     runs: Runs = field(default_factory=list)
     note: str = ""
@@ -181,12 +182,16 @@ class ChatController(QObject):
             for m in self.store.messages(conversation.id)
             if m.content.strip() and m.status != FAILED
         ]
-        reply = self.store.add_message(conversation.id, "assistant", "", STREAMING)
-        self.pane.view.add_message(reply)
         settings = self._decode_settings()
-        verifier_label = self.client.pair.verifier_label(settings.verifier) if self.client.pair else settings.verifier
+        # An approximate reply is marked from its first row, so that one cut short still says so.
+        verifier = EXACT if settings.exact else settings.method
+        reply = self.store.add_message(conversation.id, "assistant", "", STREAMING, verifier=verifier)
+        self.pane.view.add_message(reply)
+        pair = self.client.pair
+        verifier_label = pair.verifier_label(settings.verifier) if pair else settings.verifier
+        quality = None if settings.exact or pair is None else sprinter_quality(pair.heads_card, settings.greedy)
         request_id = self.client.generate(history, settings, conversation.system_prompt)
-        self.stream = Stream(request_id, reply.id, conversation.id, settings, verifier_label)
+        self.stream = Stream(request_id, reply.id, conversation.id, settings, verifier_label, quality)
         self.reply_started.emit(settings, verifier_label)
         self.refresh_state()
 
@@ -236,7 +241,9 @@ class ChatController(QObject):
             return
         self.stream = None
         runs = fit_runs(stream.runs, len(event.text))
-        figures = reply_figures(event.stats, stream.settings, stream.verifier_label, description, event.stop_reason)
+        figures = reply_figures(
+            event.stats, stream.settings, stream.verifier_label, description, event.stop_reason, stream.quality
+        )
         status = STOPPED if event.stop_reason == "stopped" else COMPLETE
         self.store.finish_reply(stream.message_id, event.text, runs, figures, status, stream.note)
         widget = self.pane.view.widget_for(stream.message_id)
@@ -279,6 +286,8 @@ class ChatController(QObject):
             why_not = "No model pair is loaded: choose one in Settings."
         elif client.loading is not None:
             why_not = "Another model pair is loading; sending resumes when it is ready."
+        elif client.calibrating:
+            why_not = "The pair's heads are being calibrated; sending resumes when that ends (Settings → Model pairs)."
         else:
             why_not = ""
         generating = self.stream is not None

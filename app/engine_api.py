@@ -13,6 +13,7 @@ from engine.config import ModelSpec, PairConfig
 from engine.errors import ModelLoadError
 
 Progress = Callable[[str, "float | None"], None]
+CalibrationProgress = Callable[[str, int, int], None]  # phase ("replies" | "training"), done, total
 
 
 class EngineApi(Protocol):
@@ -25,12 +26,18 @@ class EngineApi(Protocol):
     def download_model(self, repo_id: str, progress: Progress) -> str:
         """Fetch a Hugging Face repo for offline use; return the model source to save."""
 
+    def calibrate(self, pair: Any, progress: CalibrationProgress, should_stop: Callable[[], bool]) -> dict | None:
+        """Train `pair`'s SPRINTER and SpecDec++ heads, save them and attach them to it;
+        return their card, or None when `should_stop` ended it (nothing changed)."""
+
 
 class LocalEngine:
-    """The real engine."""
+    """The real engine. `calibration` (an engine.heads.calibrate.CalibrationSettings) replaces
+    the default calibration, e.g. a smaller one for the screenshots."""
 
-    def __init__(self) -> None:
+    def __init__(self, calibration: Any = None) -> None:
         self._tokenizers: dict[str, Any] = {}  # by model source: reading one can take seconds
+        self._calibration = calibration
 
     def load_pair(self, config: PairConfig, progress: Progress) -> Any:
         if "engine.session" not in sys.modules:  # the first load imports torch and transformers first
@@ -50,6 +57,14 @@ class LocalEngine:
         if spec.source not in self._tokenizers:
             self._tokenizers[spec.source] = load_tokenizer_only(spec)
         return self._tokenizers[spec.source]
+
+    def calibrate(self, pair: Any, progress: CalibrationProgress, should_stop: Callable[[], bool]) -> dict | None:
+        from engine.heads.calibrate import CalibrationCancelled, CalibrationSettings, calibrate
+
+        try:
+            return calibrate(pair, self._calibration or CalibrationSettings(), progress, should_stop).card
+        except CalibrationCancelled:
+            return None
 
     def download_model(self, repo_id: str, progress: Progress) -> str:
         from huggingface_hub import snapshot_download

@@ -5,7 +5,7 @@ version still shows, and the panel and the message line format them the same way
 """
 from __future__ import annotations
 
-from engine.config import TREE_METHODS, DecodeSettings
+from engine.config import APPROXIMATE_METHODS, TREE_METHODS, DecodeSettings
 from engine.stats import GenerationStats
 
 STOP_REASONS = {
@@ -13,18 +13,82 @@ STOP_REASONS = {
     "length": "reached the token limit",
     "stopped": "stopped by you",
 }
+# What the method box and the figures call a method, where its bare name says too little.
+METHOD_TITLES = {
+    "adaptive": "adaptive chain (SpecDec++)",
+    "sprinter": "SPRINTER (approximate)",
+}
+EXACT_VERIFIER, SPRINTER_VERIFIER = "Exact", "SPRINTER (approximate)"
+
+
+def method_title(method: str) -> str:
+    return METHOD_TITLES.get(method, method)
 
 
 def reply_figures(
-    stats: GenerationStats, settings: DecodeSettings, verifier_label: str, pair: dict, stop_reason: str
+    stats: GenerationStats, settings: DecodeSettings, verifier_label: str, pair: dict, stop_reason: str,
+    quality: dict | None = None,
 ) -> dict:
-    return {
+    """`quality`: for an approximate reply, the held-out figures of the verifier that wrote it."""
+    figures = {
         "stats": stats.to_dict(),
         "decoding": settings.to_dict(),
         "verifier_label": verifier_label,
         "pair": pair,
         "stop_reason": stop_reason,
     }
+    if quality:
+        figures["quality"] = quality
+    return figures
+
+
+def sprinter_quality(card: dict | None, greedy: bool) -> dict | None:
+    """SPRINTER's held-out figures from a heads card (engine/heads/calibrate.py), for the
+    decoding mode a reply uses; None without a card."""
+    mode = "greedy" if greedy else "sampled"
+    try:
+        sprinter = card["modes"][mode]["sprinter"]
+        return {
+            "mode": mode,
+            "false_positive_rate": float(sprinter["false_positive_rate"]),
+            "pass_rate": float(sprinter["pass_rate"]),
+            "accuracy": float(sprinter["accuracy"]),
+            "constant_accuracy": float(sprinter["constant_accuracy"]),
+        }
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def quality_text(quality: dict | None) -> str:
+    """'η 9.8% · accuracy 87% (constant 74%)': the share of tokens the target would reject
+    that the verifier lets through, and how often it is right against always guessing the
+    more common answer."""
+    if not quality:
+        return "—"
+    return (f"η {quality['false_positive_rate'] * 100:.1f}% · accuracy {percent(quality['accuracy'])} "
+            f"(constant {percent(quality['constant_accuracy'])})")
+
+
+def is_approximate(figures: dict) -> bool:
+    stats, decoding = figures.get("stats", {}), figures.get("decoding", {})
+    return not stats.get("exact", True) or decoding.get("method") in APPROXIMATE_METHODS
+
+
+def verifier_name(figures: dict) -> str:
+    """Which verifier produced a reply; replies saved before SPRINTER existed were exact."""
+    return SPRINTER_VERIFIER if is_approximate(figures) else EXACT_VERIFIER
+
+
+def unchecked(stats: dict) -> str:
+    tokens, unchecked_tokens = stats.get("tokens_generated", 0), stats.get("unchecked_tokens", 0)
+    if not tokens:
+        return "—"
+    return f"{percent(unchecked_tokens / tokens)} ({unchecked_tokens} of {tokens} tokens never seen by the target)"
+
+
+def calls_skipped(stats: dict) -> str:
+    skipped = stats.get("target_calls_skipped", 0)
+    return f"{skipped} (rounds that ended without a target call)"
 
 
 def rate(value: float | None) -> str:
@@ -52,9 +116,13 @@ def decoding_mode(decoding: dict, verifier_label: str = "") -> str:
     """'chain, K=4, block verification, greedy' or 'tree, auto shape, temperature 0.7' —
     what produced a reply."""
     method = decoding.get("method", "?")
-    parts = [method]
-    chain = method not in ("ar", *TREE_METHODS)
-    if chain:
+    parts = [method_title(method)]
+    chain = method not in ("ar", "sprinter", *TREE_METHODS)  # SPRINTER checks one flagged token a round
+    if method == "adaptive":
+        parts.append(f"up to {decoding.get('adaptive_max_tokens', 16)} drafted")
+    elif method == "sprinter":
+        parts.append(f"up to {decoding.get('sprinter_max_unchecked', 16)} unchecked in a row")
+    elif chain:
         parts.append(f"K={decoding.get('draft_tokens', '?')}")
     elif method in TREE_METHODS:
         shape = decoding.get("tree_shape", "auto")
@@ -104,8 +172,12 @@ def compact_line(figures: dict) -> str:
     """One line under a reply: speed, first token, acceptance, tokens per call, mode."""
     stats, decoding = figures.get("stats", {}), figures.get("decoding", {})
     parts = [rate(stats.get("tokens_per_s")), f"first token {seconds(stats.get('time_to_first_token_s'))}"]
-    if decoding.get("method") != "ar":
+    if is_approximate(figures):
+        tokens = stats.get("tokens_generated", 0)
+        parts.append(f"{percent(stats.get('unchecked_tokens', 0) / tokens if tokens else None)} unchecked")
+    elif decoding.get("method") != "ar":
         parts.append(f"{percent(stats.get('acceptance_rate'))} accepted")
+    if decoding.get("method") != "ar":
         parts.append(f"{ratio(stats.get('mean_accepted_per_target_call'))} tok/call")
     parts.append(decoding_mode(decoding, figures.get("verifier_label", "")))
     return " · ".join(parts)
@@ -118,11 +190,19 @@ def detail_rows(figures: dict) -> list[tuple[str, str]]:
         ("Speed", f"{rate(stats.get('tokens_per_s'))} ({tokens} tokens in {seconds(stats.get('elapsed_s'))})"),
         ("First token", seconds(stats.get("time_to_first_token_s"))),
         ("Decoding", decoding_mode(decoding, figures.get("verifier_label", ""))),
+        ("Verifier", verifier_name(figures)),
     ]
+    if is_approximate(figures):
+        rows += [
+            ("Unchecked tokens", unchecked(stats)),
+            ("Target calls skipped", calls_skipped(stats)),
+            ("Held-out quality", quality_text(figures.get("quality"))),
+        ]
     if decoding.get("method") != "ar":
         accepted, proposed = stats.get("draft_tokens_accepted", 0), stats.get("draft_tokens_proposed", 0)
+        checked = "flagged tokens the target checked" if is_approximate(figures) else "drafted tokens"
         rows += [
-            ("Acceptance", f"{percent(stats.get('acceptance_rate'))} ({accepted} of {proposed} drafted tokens)"),
+            ("Acceptance", f"{percent(stats.get('acceptance_rate'))} ({accepted} of {proposed} {checked})"),
             ("Tokens per target call", ratio(stats.get("mean_accepted_per_target_call"))),
             ("Target calls saved", calls_saved(stats)),
             ("Acceptance by position", by_position(stats)),
@@ -137,3 +217,45 @@ def detail_rows(figures: dict) -> list[tuple[str, str]]:
         rows.append(("Device", f"{pair.get('device', '?')}, {pair.get('precision', '?')}, {memory(pair.get('memory_mb'))}"))
         rows.append(("Runtime", pair.get("runtime", "torch")))
     return rows
+
+
+def calibration_step(phase: str, done: int, total: int) -> str:
+    """'Target replies 12 / 160' or 'Training heads 1 / 2': where a calibration is."""
+    what = "Target replies" if phase == "replies" else "Training heads" if phase == "training" else phase
+    return f"{what} {done} / {total}"
+
+
+def heads_data(card: dict) -> str:
+    """What a pair's heads were calibrated on."""
+    data = card.get("data", {})
+    prompts, heldout, tokens = data.get("prompts"), data.get("heldout_prompts"), data.get("reply_tokens")
+    if prompts is None:
+        return "Calibrated heads; their card says nothing of the data."
+    tokens_text = f" ({tokens:,} reply tokens)" if tokens is not None else ""
+    heldout_text = f"; figures measured on the {heldout} prompts held out of training" if heldout else ""
+    return f"Calibrated on {prompts} prompts{tokens_text}{heldout_text}."
+
+
+def heads_rows(card: dict) -> list[tuple[str, str, str]]:
+    """The held-out figures of a heads card, (what, greedy, sampled)."""
+
+    def both(read) -> tuple[str, str]:
+        values = []
+        for mode in ("greedy", "sampled"):
+            try:
+                values.append(read(card["modes"][mode]))
+            except (KeyError, TypeError, ValueError):
+                values.append("—")
+        return tuple(values)
+
+    def rate_with_constant(value: float, constant: float) -> str:
+        return f"{percent(value)} (constant {percent(constant)})"
+
+    return [
+        ("SPRINTER η: rejected tokens let through", *both(lambda m: f"{m['sprinter']['false_positive_rate'] * 100:.1f}%")),
+        ("Tokens SPRINTER passes unchecked", *both(lambda m: percent(m["sprinter"]["pass_rate"]))),
+        ("SPRINTER verifier accuracy",
+         *both(lambda m: rate_with_constant(m["sprinter"]["accuracy"], m["sprinter"]["constant_accuracy"]))),
+        ("SpecDec++ head loss (lower is better)",
+         *both(lambda m: f"{m['acceptance']['bce']:.3f} (constant {m['acceptance']['constant_bce']:.3f})")),
+    ]

@@ -1,21 +1,33 @@
 """The main window: conversations on the left, the chat in the middle, the speed panel docked
-on the right; a toolbar to switch pair and method; load progress in the status bar."""
+on the right; a toolbar to switch pair, method and verifier (Exact | SPRINTER); load progress
+in the status bar."""
 from __future__ import annotations
 
 from PySide6.QtCore import QSettings, Qt, QTimer, Slot
-from PySide6.QtGui import QAction, QCloseEvent, QColor, QKeySequence, QPixmap
+from PySide6.QtGui import QAction, QCloseEvent, QColor, QKeySequence, QPainter, QPaintEvent, QPixmap
 from PySide6.QtWidgets import (
     QComboBox,
     QHBoxLayout,
     QLabel,
     QMainWindow,
     QProgressBar,
+    QSizePolicy,
     QSplitter,
     QToolBar,
     QWidget,
 )
 
-from engine.config import CHAT_DEFAULT_TEMPERATURE, METHODS, ConfigError, DecodeSettings, PairConfig, default_method, demo_pair
+from engine.config import (
+    APPROXIMATE_METHODS,
+    CHAT_DEFAULT_TEMPERATURE,
+    HEAD_METHODS,
+    METHODS,
+    ConfigError,
+    DecodeSettings,
+    PairConfig,
+    default_method,
+    demo_pair,
+)
 from engine.events import Finished
 from engine.pairs import all_pairs, builtin_pairs
 from engine.paths import config_dir
@@ -26,13 +38,15 @@ from .chat_view import ChatPane
 from .conversation_list import ConversationList
 from .engine_api import EngineApi, LocalEngine
 from .error_text import error_text
+from .figures import calibration_step, method_title, sprinter_quality
 from .load_steps import LoadSteps
 from .message_widget import is_dark
-from .provenance import DARK_COLOURS, LEGEND, LIGHT_COLOURS
+from .provenance import DARK_COLOURS, LEGEND, LEGEND_TIPS, LIGHT_COLOURS
 from .settings import AppSettings, load_settings, save_settings
 from .settings_dialog import METHOD_LABELS, SettingsDialog, pair_details
 from .speed_panel import SpeedPanel
 from .storage import open_chat_store
+from .verifier_switch import SPRINTER, VerifierSwitch, sprinter_refusal
 from .worker import EngineClient, PairInfo
 
 LAYOUT_FILE = "window.ini"
@@ -58,8 +72,25 @@ class ProvenanceLegend(QWidget):
             pixmap = QPixmap(12, 12)
             pixmap.fill(QColor(colours[kind]))
             swatch.setPixmap(pixmap)
+            label = QLabel(meaning)
+            for part in (swatch, label):
+                part.setToolTip(LEGEND_TIPS[kind])
             layout.addWidget(swatch)
-            layout.addWidget(QLabel(meaning))
+            layout.addWidget(label)
+
+
+class ElidedLabel(QLabel):
+    """One line that ends in "…" where it is narrower than its text, instead of being cut."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+
+    def paintEvent(self, _event: QPaintEvent) -> None:
+        area = self.contentsRect()
+        shown = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, area.width())
+        painter = QPainter(self)
+        self.style().drawItemText(painter, area, int(self.alignment()), self.palette(), self.isEnabled(), shown, self.foregroundRole())
 
 
 class MainWindow(QMainWindow):
@@ -73,6 +104,7 @@ class MainWindow(QMainWindow):
         # What turning Greedy off goes back to: the last temperature above 0 in use.
         self._sampling_temperature = self.settings.decoding.temperature or CHAT_DEFAULT_TEMPERATURE
         self._closed = False
+        self._ready_text = ""  # the status line of the loaded pair
         self._load_failure_shown = False  # the banner holds a load error, which a later load ends
 
         self.client = EngineClient(engine or LocalEngine(), self)
@@ -123,7 +155,8 @@ class MainWindow(QMainWindow):
         toolbar.addWidget(self.pair_combo)
         toolbar.addWidget(QLabel(" Method "))
         self.method_combo = QComboBox()
-        self.method_combo.setToolTip("Decoding method for the next reply")
+        # Widens to "adaptive chain (SpecDec++)" once the pair has calibrated heads.
+        self.method_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         toolbar.addWidget(self.method_combo)
         self.greedy_action = QAction("Greedy", self)
         self.greedy_action.setCheckable(True)
@@ -134,10 +167,16 @@ class MainWindow(QMainWindow):
         )
         toolbar.addAction(self.greedy_action)
         toolbar.addSeparator()
+        self.verifier_switch = VerifierSwitch()
+        toolbar.addWidget(self.verifier_switch)
+        toolbar.addSeparator()
         self.provenance_action = QAction("Colour tokens", self)
         self.provenance_action.setCheckable(True)
         self.provenance_action.setChecked(self.settings.show_provenance)
-        self.provenance_action.setToolTip("Show which reply tokens the draft proposed and the target accepted")
+        self.provenance_action.setToolTip(
+            "Show which reply tokens the draft proposed and the target accepted (and, with SPRINTER, "
+            "which the target never checked)"
+        )
         toolbar.addAction(self.provenance_action)
         speed_toggle = self.speed_panel.toggleViewAction()
         speed_toggle.setText("Speed panel")
@@ -151,6 +190,7 @@ class MainWindow(QMainWindow):
         self.addAction(self.regenerate_action)
         self._fill_pair_combo()
         self._fill_method_combo(None)
+        self._show_verifier()
 
     def _build_status_bar(self) -> None:
         bar = self.statusBar()
@@ -158,7 +198,7 @@ class MainWindow(QMainWindow):
         self.load_clock = QTimer(self)  # counts the seconds of the step in progress
         self.load_clock.setInterval(1000)
         self.load_clock.timeout.connect(self._show_load_step)
-        self.load_label = QLabel()
+        self.load_label = ElidedLabel()  # gives way to the colour legend beside it
         self.load_progress = QProgressBar()
         self.load_progress.setMaximumWidth(180)
         self.load_progress.setVisible(False)
@@ -182,10 +222,15 @@ class MainWindow(QMainWindow):
         self.client.stats_updated.connect(self._on_stats)
         self.client.finished.connect(self._on_finished)
         self.client.errored.connect(lambda _request_id, _error: self.speed_panel.fail_reply())
+        self.client.calibrated.connect(self._on_calibrated)
+        self.client.calibration_progress.connect(self._on_calibration_progress)
+        self.client.calibration_cancelled.connect(self._show_ready)
+        self.client.calibration_failed.connect(self._on_calibration_failed)
         self.pair_combo.activated.connect(self._on_pair_chosen)
         self.method_combo.activated.connect(self._on_method_chosen)
         self.provenance_action.toggled.connect(self.set_show_provenance)
         self.greedy_action.triggered.connect(self.set_greedy)  # triggered: by the user only
+        self.verifier_switch.chosen.connect(self.set_verifier_mode)
         self.settings_action.triggered.connect(self.open_settings)
 
     # Layout, kept by QSettings (window geometry only; everything else is in the settings file)
@@ -263,11 +308,12 @@ class MainWindow(QMainWindow):
         self._load_ended()
         latest = self.load_steps is not None and self.client.loading is None  # not one a later request replaced
         loaded_in = f" · loaded in {int(self.load_steps.total_s())} s" if latest else ""
-        self.load_label.setText(
+        self._ready_text = (
             f"Ready: {description.get('target')} + {description.get('draft')} "
             f"on {description.get('device')} ({description.get('precision')}, {description.get('runtime', 'torch')})"
             + loaded_in
         )
+        self.load_label.setText(self._ready_text)
         self.load_progress.setVisible(self.client.loading is not None)
         self.setWindowTitle(f"Tandem — {info.config.name}")
         if self._load_failure_shown:
@@ -279,8 +325,37 @@ class MainWindow(QMainWindow):
         self.pane.view.set_placeholder_text(WELCOME)
         self._fill_pair_combo()
         self._fill_method_combo(info)
+        self._show_verifier()
+        self.speed_panel.set_heads(info.heads_card)
         if self.settings_dialog is not None:
             self.settings_dialog.mark_active(info.config.name)
+
+    @Slot(object)
+    def _on_calibrated(self, info: PairInfo) -> None:
+        """The pair has new heads: SPRINTER and the adaptive chain become available."""
+        self._fill_method_combo(info)
+        self._show_verifier()
+        self.speed_panel.set_heads(info.heads_card)
+        self._show_ready()
+
+    @Slot(str, int, int)
+    def _on_calibration_progress(self, phase: str, done: int, total: int) -> None:
+        """Shown here too, since Settings may be closed while a calibration runs."""
+        if self.client.loading is None:
+            name = self.client.pair.config.name if self.client.pair else ""
+            self.load_label.setText(
+                f"Calibrating the heads of “{name}”: {calibration_step(phase, done, total)} (Settings → Model pairs to cancel)"
+            )
+
+    @Slot(object)
+    def _on_calibration_failed(self, error: Exception) -> None:
+        self.pane.banner.show_message(f"Calibrating the heads failed. {_as_sentence(error_text(error))} The pair keeps what it had.")
+        self._show_ready()
+
+    @Slot()
+    def _show_ready(self) -> None:
+        if self.client.loading is None and self.client.pair is not None:
+            self.load_label.setText(self._ready_text)
 
     @Slot(object, object)
     def _on_load_failed(self, config: PairConfig, error: Exception) -> None:
@@ -321,11 +396,41 @@ class MainWindow(QMainWindow):
         )
 
     def _fill_method_combo(self, info: PairInfo | None) -> None:
+        """The pair's exact methods; SPRINTER is the Verifier switch's. Before a pair loads,
+        those that need no calibrated heads (the box is sized for them when it first shows:
+        Qt widens a combo box for longer items later, but never narrows it)."""
         self.method_combo.clear()
-        for method in info.methods if info else METHODS:
-            self.method_combo.addItem(method, method)
+        for method in info.methods if info else [m for m in METHODS if m not in HEAD_METHODS]:
+            if method in APPROXIMATE_METHODS:
+                continue
+            self.method_combo.addItem(method_title(method), method)
             self.method_combo.setItemData(self.method_combo.count() - 1, METHOD_LABELS.get(method, method), Qt.ItemDataRole.ToolTipRole)
-        self.method_combo.setCurrentIndex(max(self.method_combo.findData(self.decode_settings().method), 0))
+        self._show_method()
+
+    def _show_method(self) -> None:
+        """The exact method replies use (a saved one the pair lacks falls back); set aside
+        while SPRINTER writes the replies."""
+        self.method_combo.setCurrentIndex(max(self.method_combo.findData(self.exact_settings().method), 0))
+        sprinter = self.decode_settings().method == SPRINTER
+        self.method_combo.setEnabled(not sprinter)
+        self.method_combo.setToolTip(
+            "Replies are written by SPRINTER (approximate); this method applies when the Verifier is Exact"
+            if sprinter else "Decoding method for the next reply (exact: the target checks every token)"
+        )
+
+    def _show_verifier(self) -> None:
+        info = self.client.pair
+        why_not = sprinter_refusal(info)
+        quality = sprinter_quality(info.heads_card, self.settings.decoding.greedy) if info else None
+        self.verifier_switch.show_state(self.settings.verifier_mode, why_not, quality)
+        self._show_method()
+
+    @Slot(str)
+    def set_verifier_mode(self, mode: str) -> None:
+        """Exact: replies use the method box's method. SPRINTER: they use SPRINTER (approximate)."""
+        self.settings.verifier_mode = mode
+        save_settings(self.settings)
+        self._show_verifier()
 
     @Slot(int)
     def _on_pair_chosen(self, index: int) -> None:
@@ -350,11 +455,20 @@ class MainWindow(QMainWindow):
     # Decoding settings
 
     def decode_settings(self) -> DecodeSettings:
+        """What the next reply uses: SPRINTER where the Verifier switch says so and the pair
+        offers it, else the exact settings."""
+        decoding = self.exact_settings()
+        info = self.client.pair
+        if self.settings.verifier_mode == SPRINTER and info is not None and SPRINTER in info.methods:
+            decoding = decoding.with_changes(method=SPRINTER)
+        return decoding
+
+    def exact_settings(self) -> DecodeSettings:
         """The saved settings, fitted to what the loaded pair offers."""
         decoding = self.settings.decoding
         info = self.client.pair
         if info is not None:
-            if decoding.method not in info.methods:
+            if decoding.method not in info.methods or decoding.method in APPROXIMATE_METHODS:
                 decoding = decoding.with_changes(method=default_method(info.methods))
             verifier_names = [name for name, _label, _exact in info.verifiers]
             if verifier_names and decoding.verifier not in verifier_names:
@@ -364,11 +478,10 @@ class MainWindow(QMainWindow):
     def set_decoding(self, decoding: DecodeSettings) -> None:
         self.settings.decoding = decoding
         save_settings(self.settings)
-        # The method replies will use: a saved one the pair lacks (trees, say) falls back.
-        self.method_combo.setCurrentIndex(max(self.method_combo.findData(self.decode_settings().method), 0))
         if not decoding.greedy:
             self._sampling_temperature = decoding.temperature
         self.greedy_action.setChecked(decoding.greedy)
+        self._show_verifier()  # the held-out figures differ between greedy and sampled
 
     @Slot(bool)
     def set_greedy(self, greedy: bool) -> None:

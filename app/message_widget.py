@@ -23,6 +23,11 @@ from .storage import FAILED, INTERRUPTED, STOPPED, STREAMING, StoredMessage
 
 RENDER_INTERVAL_MS = 40  # streamed text is re-rendered at most this often
 STATUS_TEXT = {STREAMING: "writing…", STOPPED: "stopped", INTERRUPTED: "interrupted", FAILED: "error"}
+APPROXIMATE_BADGE = {"sprinter": "approximate — SPRINTER"}
+APPROXIMATE_TIP = (
+    "Written by SPRINTER: tokens its learned verifier passed went out without the target checking them, "
+    "so this reply may differ from what the target alone would write. Colour tokens shows which ones."
+)
 
 
 def is_dark() -> bool:
@@ -198,6 +203,11 @@ class MessageWidget(QFrame):
         self.status.setObjectName("messageStatus")
         self.status.setWordWrap(True)
         header.addWidget(author)
+        self.badge = QLabel(APPROXIMATE_BADGE.get(message.verifier, f"approximate — {message.verifier}"))
+        self.badge.setObjectName("approximateBadge")
+        self.badge.setToolTip(APPROXIMATE_TIP)
+        self.badge.setVisible(message.approximate)
+        header.addWidget(self.badge)
         header.addWidget(self.status, 1)
         layout.addLayout(header)
 

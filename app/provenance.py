@@ -1,4 +1,5 @@
-"""Which characters of a reply came from the draft and which from the target.
+"""Which characters of a reply came from the draft and which from the target (and, with
+SPRINTER, which went out without the target checking them).
 
 A reply's provenance is kept as runs, `[(kind, characters), ...]` in text order, so it is
 small enough to save with every streamed delta and to colour a whole reply at once.
@@ -16,17 +17,30 @@ LIGHT_COLOURS = {
     Provenance.DRAFT.value: "#c8efc8",
     Provenance.TARGET.value: "#ffe0b3",
     Provenance.BONUS.value: "#d9d2f7",
+    Provenance.UNCHECKED.value: "#f7c6d3",
 }
 DARK_COLOURS = {
     Provenance.DRAFT.value: "#1f5a2a",
     Provenance.TARGET.value: "#6b4a12",
     Provenance.BONUS.value: "#463a7a",
+    Provenance.UNCHECKED.value: "#6e2440",
 }
+# Short enough for the status bar beside the loaded pair's line; LEGEND_TIPS say it in full.
 LEGEND = (
     (Provenance.DRAFT.value, "Drafted, accepted by the target"),
     (Provenance.TARGET.value, "Produced by the target"),
-    (Provenance.BONUS.value, "Target's bonus token after a fully accepted draft"),
+    (Provenance.BONUS.value, "Target's bonus token"),
+    (Provenance.UNCHECKED.value, "Unchecked (SPRINTER, approximate)"),
 )
+LEGEND_TIPS = {
+    Provenance.DRAFT.value: "Proposed by the draft and accepted by the target's verification",
+    Provenance.TARGET.value: "Produced by the target itself, after it rejected a draft token (or in ar)",
+    Provenance.BONUS.value: "The target's extra token after it accepted every draft token of a round",
+    Provenance.UNCHECKED.value: (
+        "SPRINTER (approximate): drafted and passed by the learned verifier; the target never checked it, "
+        "so it may differ from what the target would have written"
+    ),
+}
 
 
 def split_delta(delta: TextDelta) -> list[tuple[str, str]]:

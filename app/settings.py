@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from engine.config import CHAT_DEFAULT_TEMPERATURE, METHODS, ConfigError, DecodeSettings, default_method
+from engine.config import APPROXIMATE_METHODS, CHAT_DEFAULT_TEMPERATURE, METHODS, ConfigError, DecodeSettings, default_method
 from engine.paths import config_dir
 
 SETTINGS_FILE = "app-settings.json"
@@ -35,6 +35,10 @@ class AppSettings:
     )
     models: list[str] = field(default_factory=list)  # sources the user added: folders, GGUF files
     show_provenance: bool = False
+    # The toolbar's Verifier switch, for every conversation (like Greedy): "exact" replies use
+    # `decoding.method`; "sprinter" ones use SPRINTER (approximate) wherever the pair offers it.
+    # `decoding.method` is always an exact method, so switching back finds it unchanged.
+    verifier_mode: str = "exact"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -43,6 +47,7 @@ class AppSettings:
             "decoding": self.decoding.to_dict(),
             "models": list(self.models),
             "show_provenance": self.show_provenance,
+            "verifier_mode": self.verifier_mode,
         }
 
     @classmethod
@@ -57,12 +62,18 @@ class AppSettings:
             decoding = replace(defaults.decoding, **{k: v for k, v in decoding_data.items() if k in known})
         except (ConfigError, TypeError):
             decoding = defaults.decoding
+        verifier_mode = data.get("verifier_mode")
+        if verifier_mode not in ("exact", "sprinter"):
+            verifier_mode = defaults.verifier_mode
+        if decoding.method in APPROXIMATE_METHODS:  # an approximate method is the switch's, not the method's
+            decoding, verifier_mode = decoding.with_changes(method=defaults.decoding.method), decoding.method
         models = data.get("models", [])
         return cls(
             active_pair=str(data.get("active_pair") or defaults.active_pair),
             decoding=decoding,
             models=[str(m) for m in models] if isinstance(models, list) else [],
             show_provenance=bool(data.get("show_provenance", defaults.show_provenance)),
+            verifier_mode=verifier_mode,
         )
 
 

@@ -1,5 +1,6 @@
-"""Settings: the model pairs (saved in the engine's pair store, shared with the CLI) and how
-replies are decoded. Decoding changes apply to the next reply, without a restart."""
+"""Settings: the model pairs (saved in the engine's pair store, shared with the CLI), the
+loaded pair's learned heads (calibrated here), and how replies are decoded. Decoding changes
+apply to the next reply, without a restart."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -23,10 +24,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import METHODS, TREE_METHODS, VERIFIERS, ConfigError, DecodeSettings, PairConfig
+from engine.config import APPROXIMATE_METHODS, METHODS, TREE_METHODS, VERIFIERS, ConfigError, DecodeSettings, PairConfig
 from engine.pairs import builtin_pairs, save_user_pairs
 
 from .error_text import error_text
+from .heads_panel import HeadsPanel
 from .pair_picker import PairPicker, model_label
 from .settings import AppSettings
 from .worker import EngineClient
@@ -38,6 +40,10 @@ METHOD_LABELS = {
     "tree": "tree: the draft proposes a tree of alternatives, the target verifies all of it in one call",
     "staged": "staged: a tree whose draft model checks an n-gram model's proposals first (a second drafting stage)",
     "ngram": "ngram: an n-gram model of the conversation drafts K tokens, no draft model",
+    "adaptive": (
+        "adaptive chain (SpecDec++): the draft proposes until a learned head expects a rejection; "
+        "verified exactly"
+    ),
 }
 TREE_SHAPES = ("auto", "8x3", "16x4", "24x5", "32x6", "64x8")
 
@@ -67,7 +73,8 @@ class DecodingForm(QWidget):
         form = QFormLayout(self)
         self.method = QComboBox()
         for method in methods:
-            self.method.addItem(METHOD_LABELS.get(method, method), method)
+            if method not in APPROXIMATE_METHODS:  # SPRINTER is the toolbar's Verifier switch
+                self.method.addItem(METHOD_LABELS.get(method, method), method)
         self.draft_tokens = QSpinBox()
         self.draft_tokens.setRange(1, 64)
         self.draft_tokens.setToolTip("K: how many tokens the draft proposes per target call")
@@ -81,6 +88,10 @@ class DecodingForm(QWidget):
         self.verifier = QComboBox()
         for name, label, exact in verifiers:
             self.verifier.addItem(label if exact else f"{label} (approximate: output may differ from the target's)", name)
+        self.verifier.setToolTip(
+            "How sampled draft tokens are verified against the target (SPRINTER checks its flagged tokens this way too). "
+            "Exact or SPRINTER (approximate) is the toolbar's Verifier switch."
+        )
         self.temperature = QDoubleSpinBox()
         self.temperature.setRange(0.0, 2.0)
         self.temperature.setSingleStep(0.1)
@@ -108,7 +119,7 @@ class DecodingForm(QWidget):
         form.addRow("Method", self.method)
         form.addRow("Draft tokens (K)", self.draft_tokens)
         form.addRow("Tree shape", self.tree_shape)
-        form.addRow("Verifier", self.verifier)
+        form.addRow("Exact verifier", self.verifier)
         form.addRow("Temperature", self.temperature)
         form.addRow("Top-p", self.top_p)
         form.addRow("Top-k", self.top_k)
@@ -148,8 +159,9 @@ class DecodingForm(QWidget):
     def _update_enabled(self) -> None:
         drafting = self.method.currentData() != "ar"
         tree = self.method.currentData() in TREE_METHODS
+        adaptive = self.method.currentData() == "adaptive"
         sampling = self.temperature.value() > 0
-        self.draft_tokens.setEnabled(drafting and not tree)
+        self.draft_tokens.setEnabled(drafting and not tree and not adaptive)
         self.tree_shape.setEnabled(tree)
         self.verifier.setEnabled(drafting and not tree and sampling and self.verifier.count() > 0)
         for knob in (self.top_p, self.top_k, self.seed):
@@ -161,6 +173,8 @@ class DecodingForm(QWidget):
             notes.append(
                 "Trees are verified exactly (one target sample per visited node); the tree shape replaces K."
             )
+        if adaptive:
+            notes.append("The adaptive chain chooses its draft length every round, so K does not apply.")
         if not sampling:
             notes.append(
                 "Temperature 0 is greedy: a draft token is kept exactly when it is the target's top choice, "
@@ -197,7 +211,10 @@ class SettingsDialog(QDialog):
         source = f"Methods and verifiers offered by the loaded pair “{info.config.name}”." if info else (
             "No pair is loaded yet: these are all the engine's methods and verifiers."
         )
-        decoding_layout.addWidget(QLabel(source))
+        source += " SPRINTER (approximate) is the toolbar's Verifier switch."
+        source_label = QLabel(source)
+        source_label.setWordWrap(True)
+        decoding_layout.addWidget(source_label)
         decoding_layout.addWidget(self.decoding)
         self.show_provenance = QCheckBox("Colour reply tokens by who produced them (draft or target)")
         self.show_provenance.setChecked(settings.show_provenance)
@@ -216,7 +233,7 @@ class SettingsDialog(QDialog):
         buttons.rejected.connect(self.reject)
         buttons.button(QDialogButtonBox.StandardButton.Apply).clicked.connect(self.apply)
         layout.addWidget(buttons)
-        self.resize(640, 480)
+        self.resize(680, 600)
 
     # Pairs tab
 
@@ -244,6 +261,8 @@ class SettingsDialog(QDialog):
         row.addStretch()
         row.addWidget(self.use_pair_button)
         layout.addLayout(row)
+        self.heads_panel = HeadsPanel(self.client)
+        layout.addWidget(self.heads_panel)
         self.new_pair_button.clicked.connect(lambda: self.open_picker(None))
         self.edit_pair_button.clicked.connect(lambda: self.open_picker(self.selected_pair()))
         self.remove_pair_button.clicked.connect(self._remove_pair)

@@ -1,5 +1,9 @@
 """The speed panel: live figures of the reply being written, and the loaded pair's device and
-memory. A dock widget, so it can be moved, floated or hidden."""
+memory. A dock widget, so it can be moved, floated or hidden.
+
+It says which verifier wrote the reply (Exact, or SPRINTER (approximate)); for SPRINTER also
+the share of tokens the target never saw, the target calls skipped, and the held-out quality
+of the pair's verifier (from its heads' card)."""
 from __future__ import annotations
 
 from PySide6.QtCharts import (
@@ -118,6 +122,10 @@ class SpeedPanel(QDockWidget):
         form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
         self.values: dict[str, QLabel] = {}
         for key, title in (
+            ("verifier", "Verifier"),
+            ("unchecked", "Unchecked tokens"),
+            ("skipped", "Target calls skipped"),
+            ("quality", "Held-out quality"),
             ("first_token", "First token"),
             ("acceptance", "Acceptance"),
             ("per_call", "Tokens per target call"),
@@ -132,6 +140,15 @@ class SpeedPanel(QDockWidget):
             value.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
             self.values[key] = value
             form.addRow(title, value)
+        self.values["verifier"].setObjectName("verifierFigure")
+        self.values["unchecked"].setToolTip("Tokens SPRINTER's verifier let out without the target ever checking them")
+        self.values["skipped"].setToolTip("SPRINTER rounds whose tokens all passed the verifier, so the target was not called")
+        self.values["quality"].setToolTip(
+            "Measured on prompts held out of calibration. η: the share of tokens the target would reject that the "
+            "verifier lets through (each such token may differ from the target's choice). Accuracy: how often the "
+            "verifier predicts the target's verdict, against always guessing the more common verdict (constant)."
+        )
+        self.form = form
         self.share_bar = ShareBar()
         form.addRow("Draft / target time", self.share_bar)
         layout.addLayout(form)
@@ -156,6 +173,8 @@ class SpeedPanel(QDockWidget):
         layout.addStretch()
         self.setWidget(body)
         self._last_point = (0.0, 0)
+        self._heads_card: dict | None = None
+        self._show_sprinter_rows(False)
 
     def set_pair(self, description: dict) -> None:
         self.values["device"].setText(
@@ -164,6 +183,22 @@ class SpeedPanel(QDockWidget):
         self.values["runtime"].setText(description.get("runtime", "torch"))
         self.values["memory"].setText(fmt.memory(description.get("memory_mb")))
 
+    def set_heads(self, card: dict | None) -> None:
+        """The loaded pair's heads card, whose held-out figures SPRINTER replies are shown with."""
+        self._heads_card = card
+
+    def _show_sprinter_rows(self, shown: bool) -> None:
+        for key in ("unchecked", "skipped", "quality"):
+            self.form.setRowVisible(self.values[key], shown)
+
+    def _show_verifier(self, exact: bool) -> None:
+        label = self.values["verifier"]
+        label.setText(fmt.EXACT_VERIFIER if exact else fmt.SPRINTER_VERIFIER)
+        label.setProperty("approximate", not exact)
+        label.style().unpolish(label)
+        label.style().polish(label)
+        self._show_sprinter_rows(not exact)
+
     def start_reply(self, settings: DecodeSettings, verifier_label: str) -> None:
         self.rate_series.clear()
         self.time_axis.setRange(0, 1.0)
@@ -171,9 +206,11 @@ class SpeedPanel(QDockWidget):
         self._last_point = (0.0, 0)
         self.speed.setText("…")
         self.caption.setText("Waiting for the first token")
-        for key in ("first_token", "acceptance", "per_call", "saved"):
+        for key in ("first_token", "acceptance", "per_call", "saved", "unchecked", "skipped"):
             self.values[key].setText("—")
         self.values["mode"].setText(fmt.decoding_mode(settings.to_dict(), verifier_label))
+        self._show_verifier(settings.exact)
+        self.values["quality"].setText(fmt.quality_text(fmt.sprinter_quality(self._heads_card, settings.greedy)))
         self.share_bar.set_share(None)
         self._set_positions([])
 
@@ -184,14 +221,19 @@ class SpeedPanel(QDockWidget):
     def update_stats(self, stats: GenerationStats, description: dict) -> None:
         figures = stats.to_dict()
         self.speed.setText(fmt.rate(stats.tokens_per_s))
-        self.caption.setText(f"{stats.tokens_generated} tokens in {stats.elapsed_s:.1f} s, {stats.method}")
+        self.caption.setText(f"{stats.tokens_generated} tokens in {stats.elapsed_s:.1f} s, {fmt.method_title(stats.method)}")
         self.values["first_token"].setText(fmt.seconds(stats.time_to_first_token_s))
+        self._show_verifier(stats.exact)
+        if not stats.exact:
+            self.values["unchecked"].setText(fmt.unchecked(figures))
+            self.values["skipped"].setText(fmt.calls_skipped(figures))
         if stats.method == "ar":
             for key in ("acceptance", "per_call", "saved"):
                 self.values[key].setText("— (ar drafts nothing)")
         else:
+            checked = "drafted" if stats.exact else "flagged tokens checked"
             self.values["acceptance"].setText(
-                f"{fmt.percent(stats.acceptance_rate)} of {stats.draft_tokens_proposed} drafted"
+                f"{fmt.percent(stats.acceptance_rate)} of {stats.draft_tokens_proposed} {checked}"
             )
             self.values["per_call"].setText(fmt.ratio(stats.mean_accepted_per_target_call))
             self.values["saved"].setText(fmt.calls_saved(figures))

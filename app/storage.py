@@ -3,7 +3,8 @@
 Every write commits on its own (autocommit, WAL journal), and a streaming reply is written
 with each delta, so killing the app mid-reply keeps exactly what was on screen. Replies
 still marked "streaming" when the store is opened again were cut off, and become
-"interrupted".
+"interrupted". A file written by an older version is brought up to date in place, one
+`MIGRATIONS` step at a time, in one transaction.
 
 A chats file that cannot be used (not a database, or written by a newer schema) is renamed
 beside itself, never deleted, and a fresh store starts; the user is told where the old one is.
@@ -21,7 +22,7 @@ from engine.paths import data_dir
 from .provenance import Runs
 
 DATABASE_FILE = "chats.sqlite3"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -39,7 +40,8 @@ CREATE TABLE IF NOT EXISTS messages (
     figures TEXT,
     status TEXT NOT NULL DEFAULT 'complete',
     note TEXT NOT NULL DEFAULT '',
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    verifier TEXT NOT NULL DEFAULT 'exact'
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 CREATE TABLE IF NOT EXISTS app_state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -47,6 +49,14 @@ CREATE TABLE IF NOT EXISTS app_state (key TEXT PRIMARY KEY, value TEXT NOT NULL)
 
 # Message statuses. Only "streaming" is ever rewritten by someone other than its stream.
 COMPLETE, STREAMING, STOPPED, INTERRUPTED, FAILED = "complete", "streaming", "stopped", "interrupted", "error"
+# Which verifier wrote a reply: "exact" (the target checked every token) or an approximate
+# one ("sprinter"). Kept from the reply's first row, so that a reply cut short still says it.
+EXACT = "exact"
+
+# MIGRATIONS[n] turns a version-n database into a version-(n + 1) one, in place.
+MIGRATIONS = {
+    1: "ALTER TABLE messages ADD COLUMN verifier TEXT NOT NULL DEFAULT 'exact'",
+}
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,11 @@ class StoredMessage:
     figures: dict | None  # the final speed figures of a reply (see app/figures.py)
     status: str
     note: str  # why a reply ended early, or what went wrong
+    verifier: str = EXACT  # "exact", or the approximate verifier that wrote the reply
+
+    @property
+    def approximate(self) -> bool:
+        return self.verifier != EXACT
 
 
 class NewerSchemaError(Exception):
@@ -91,6 +106,12 @@ class ChatStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
+        if 0 < version < SCHEMA_VERSION:  # a file from an older version: bring it up to date
+            self._db.execute("BEGIN")
+            for step in range(version, SCHEMA_VERSION):
+                self._db.execute(MIGRATIONS[step])
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")  # in the same transaction
+            self._db.execute("COMMIT")
         self._db.executescript(SCHEMA)
         self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self._db.execute(
@@ -150,14 +171,16 @@ class ChatStore:
         row = self._db.execute("SELECT * FROM messages WHERE id=?", (message_id,)).fetchone()
         return _message(row) if row else None
 
-    def add_message(self, conversation_id: int, role: str, content: str, status: str = COMPLETE) -> StoredMessage:
+    def add_message(
+        self, conversation_id: int, role: str, content: str, status: str = COMPLETE, verifier: str = EXACT
+    ) -> StoredMessage:
         now = time.time()
         cursor = self._db.execute(
-            "INSERT INTO messages (conversation_id, role, content, status, created_at) VALUES (?, ?, ?, ?, ?)",
-            (conversation_id, role, content, status, now),
+            "INSERT INTO messages (conversation_id, role, content, status, created_at, verifier) VALUES (?, ?, ?, ?, ?, ?)",
+            (conversation_id, role, content, status, now, verifier),
         )
         self._touch(conversation_id, now)
-        return StoredMessage(cursor.lastrowid, conversation_id, role, content, [], None, status, "")
+        return StoredMessage(cursor.lastrowid, conversation_id, role, content, [], None, status, "", verifier)
 
     def update_reply(self, message_id: int, content: str, provenance: Runs) -> None:
         """Save what has streamed so far; called with every delta."""
@@ -240,4 +263,5 @@ def _message(row: sqlite3.Row) -> StoredMessage:
         figures=json.loads(row["figures"]) if row["figures"] else None,
         status=row["status"],
         note=row["note"],
+        verifier=row["verifier"],
     )

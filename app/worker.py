@@ -1,13 +1,15 @@
 """The bridge between the window and the engine: one long-lived thread owns the models.
 
 `EngineWorker` lives on that thread and does all model work there, one request at a time:
-loading a pair, generating a reply (each engine event becomes a signal), checking which
-drafts fit a target, downloading a model. Errors cross back as data in signals.
+loading a pair, generating a reply (each engine event becomes a signal), calibrating the
+pair's heads (minutes), checking which drafts fit a target, downloading a model. Errors
+cross back as data in signals.
 
 `EngineClient` lives on the GUI thread. It starts and joins the thread, queues requests to
 the worker, and re-emits the worker's signals once it has updated what it knows (which pair
 is active, whether a reply is streaming). Stopping a reply calls `Generation.stop()`
-directly: the worker is busy in the decode loop, so a queued slot would only run after it.
+directly: the worker is busy in the decode loop, so a queued slot would only run after it;
+cancelling a calibration sets a flag that the calibration checks between its steps.
 """
 from __future__ import annotations
 
@@ -33,9 +35,19 @@ class PairInfo:
     description: dict  # LoadedPair.describe(): target, draft, device, precision, memory_mb
     methods: tuple[str, ...]
     verifiers: tuple[tuple[str, str, bool], ...]  # (name, label, is_exact)
+    heads_card: dict | None = None  # the calibrated heads' card (held-out figures), if the pair has heads
+    heads_problem: str | None = None  # why heads on disk could not be used
 
     def verifier_label(self, name: str) -> str:
         return next((label for key, label, _exact in self.verifiers if key == name), name)
+
+    @classmethod
+    def of(cls, config: PairConfig, loaded: Any) -> PairInfo:
+        heads = getattr(loaded, "heads", None)
+        return cls(
+            config, loaded.describe(), tuple(loaded.methods), tuple(loaded.verifiers),
+            heads.card if heads is not None else None, getattr(loaded, "heads_problem", None),
+        )
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,10 @@ class EngineWorker(QObject):
     download_progress = Signal(str, object)
     downloaded = Signal(str, str)  # repo id, local folder
     download_failed = Signal(str, object)  # repo id, Exception
+    calibration_progress = Signal(str, int, int)  # phase ("replies" | "training"), done, total
+    calibrated = Signal(object)  # PairInfo of the pair, now with its heads
+    calibration_cancelled = Signal()
+    calibration_failed = Signal(object)  # Exception
 
     def __init__(self, engine: EngineApi):
         super().__init__()
@@ -74,6 +90,7 @@ class EngineWorker(QObject):
         self._generation_id: int | None = None
         self._cancelled: set[int] = set()
         self._shutting_down = False
+        self._calibration_stop = threading.Event()
 
     # Called from the GUI thread
 
@@ -85,11 +102,19 @@ class EngineWorker(QObject):
 
     def begin_shutdown(self) -> None:
         """Make the worker drop queued work, end a reply after its current round, and
-        abandon a load at its next progress report."""
+        abandon a load at its next progress report and a calibration at its next step."""
         with self._lock:
             self._shutting_down = True
+            self._calibration_stop.set()
             if self._generation is not None:
                 self._generation.stop()
+
+    def arm_calibration(self) -> None:
+        """Called as a calibration is requested, so that a Cancel right after it still counts."""
+        self._calibration_stop.clear()
+
+    def cancel_calibration(self) -> None:
+        self._calibration_stop.set()
 
     # Slots: run on the worker thread, in the order they were requested
 
@@ -116,7 +141,7 @@ class EngineWorker(QObject):
         previous, self._pair = self._pair, loaded
         if previous is not None:
             previous.close()
-        self.pair_loaded.emit(PairInfo(config, loaded.describe(), tuple(loaded.methods), tuple(loaded.verifiers)))
+        self.pair_loaded.emit(PairInfo.of(config, loaded))
 
     @Slot(object)
     def generate(self, request: GenerationRequest) -> None:
@@ -150,6 +175,23 @@ class EngineWorker(QObject):
             self.prompt_progress.emit(request_id, event)
         elif isinstance(event, Finished):
             self.finished.emit(request_id, event, self._pair.describe())
+
+    @Slot()
+    def calibrate(self) -> None:
+        """Train the active pair's heads (minutes). Cancelled, the pair keeps what it had."""
+        if self._shutting_down:
+            return
+        try:
+            if self._pair is None:
+                raise TandemError("No model pair is loaded yet, so there is nothing to calibrate.")
+            card = self._engine.calibrate(self._pair, self.calibration_progress.emit, self._calibration_stop.is_set)
+        except Exception as error:  # shown in Settings; the pair stays as it was
+            self.calibration_failed.emit(error)
+            return
+        if card is None:
+            self.calibration_cancelled.emit()
+        else:
+            self.calibrated.emit(PairInfo.of(self._pair.config, self._pair))
 
     @Slot(object, object)
     def check_drafts(self, target: ModelSpec, drafts: list[ModelSpec]) -> None:
@@ -202,11 +244,16 @@ class EngineClient(QObject):
     download_progress = Signal(str, object)
     downloaded = Signal(str, str)
     download_failed = Signal(str, object)
+    calibration_progress = Signal(str, int, int)
+    calibrated = Signal(object)
+    calibration_cancelled = Signal()
+    calibration_failed = Signal(object)
 
     _load_requested = Signal(object)
     _generate_requested = Signal(object)
     _check_requested = Signal(object, object)
     _download_requested = Signal(str)
+    _calibrate_requested = Signal()
     _shutdown_requested = Signal()
 
     def __init__(self, engine: EngineApi, parent: QObject | None = None):
@@ -214,6 +261,8 @@ class EngineClient(QObject):
         self.pair: PairInfo | None = None
         self.loading: PairConfig | None = None  # the latest pair asked for and not yet loaded
         self.active_request: int | None = None
+        self.calibrating = False  # the worker is (or will be) busy calibrating the pair's heads
+        self.calibration_step: tuple[str, int, int] | None = None  # its latest progress report
         self._pending_loads = 0
         self._next_request_id = 1
         self._closed = False
@@ -226,6 +275,7 @@ class EngineClient(QObject):
         self._generate_requested.connect(self.worker.generate)
         self._check_requested.connect(self.worker.check_drafts)
         self._download_requested.connect(self.worker.download_model)
+        self._calibrate_requested.connect(self.worker.calibrate)
         self._shutdown_requested.connect(self.worker.shut_down)
 
         self.worker.load_progress.connect(self._on_load_progress)
@@ -241,6 +291,10 @@ class EngineClient(QObject):
         self.worker.download_progress.connect(self._on_download_progress)
         self.worker.downloaded.connect(self._on_downloaded)
         self.worker.download_failed.connect(self._on_download_failed)
+        self.worker.calibration_progress.connect(self._on_calibration_progress)
+        self.worker.calibrated.connect(self._on_calibrated)
+        self.worker.calibration_cancelled.connect(self._on_calibration_cancelled)
+        self.worker.calibration_failed.connect(self._on_calibration_failed)
         self._thread.start()
 
     @property
@@ -249,7 +303,8 @@ class EngineClient(QObject):
 
     @property
     def can_generate(self) -> bool:
-        return self.pair is not None and self.loading is None and not self.generating and not self._closed
+        return (self.pair is not None and self.loading is None and not self.generating and not self.calibrating
+                and not self._closed)
 
     # Requests
 
@@ -276,6 +331,17 @@ class EngineClient(QObject):
 
     def download(self, repo_id: str) -> None:
         self._download_requested.emit(repo_id)
+
+    def calibrate(self) -> None:
+        """Calibrate the active pair's heads on the worker; replies wait until it ends."""
+        self.calibrating, self.calibration_step = True, None
+        self.worker.arm_calibration()
+        self._calibrate_requested.emit()
+        self.busy_changed.emit()
+
+    def cancel_calibration(self) -> None:
+        if self.calibrating:
+            self.worker.cancel_calibration()
 
     def shutdown(self) -> None:
         """Stop any reply, free the models on their thread, and join it. Safe to call twice."""
@@ -374,3 +440,34 @@ class EngineClient(QObject):
     def _on_download_failed(self, repo_id: str, error: Exception) -> None:
         if not self._closed:
             self.download_failed.emit(repo_id, error)
+
+    @Slot(str, int, int)
+    def _on_calibration_progress(self, phase: str, done: int, total: int) -> None:
+        if not self._closed:
+            self.calibration_step = (phase, done, total)
+            self.calibration_progress.emit(phase, done, total)
+
+    @Slot(object)
+    def _on_calibrated(self, info: PairInfo) -> None:
+        if self._closed:
+            return
+        self.calibrating = False
+        self.pair = info
+        self.calibrated.emit(info)
+        self.busy_changed.emit()
+
+    @Slot()
+    def _on_calibration_cancelled(self) -> None:
+        if self._closed:
+            return
+        self.calibrating = False
+        self.calibration_cancelled.emit()
+        self.busy_changed.emit()
+
+    @Slot(object)
+    def _on_calibration_failed(self, error: Exception) -> None:
+        if self._closed:
+            return
+        self.calibrating = False
+        self.calibration_failed.emit(error)
+        self.busy_changed.emit()

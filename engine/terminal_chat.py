@@ -2,6 +2,9 @@
 
 On a terminal the last screen row is kept for the stats (a scroll region covers the rest);
 when output is piped, the stats follow each reply as a plain line instead.
+
+`/verifier exact|sprinter` is the app's Verifier switch: SPRINTER (approximate) replaces the
+method until `/verifier exact` brings the exact one back; it needs the pair's calibrated heads.
 """
 from __future__ import annotations
 
@@ -11,14 +14,16 @@ from collections.abc import Callable
 from typing import TextIO
 
 from .chat_prompt import Message
-from .config import ConfigError, DecodeSettings, default_method
+from .config import APPROXIMATE_METHODS, ConfigError, DecodeSettings, default_method
 from .errors import TandemError
 from .events import Finished, PromptPrepared, PromptProgress, StatsUpdate, TextDelta
 from .session import LoadedPair, method_refusal
 from .stats import GenerationStats
 from .terminal_input import MessageReader
 
-HELP = """Commands: /reset (new conversation), /system TEXT, /method ar|chain|tree|staged|ngram,
+HELP = """Commands: /reset (new conversation), /system TEXT, /method ar|chain|tree|staged|ngram|adaptive,
+/verifier exact|sprinter (SPRINTER is approximate: tokens its learned verifier passes are not checked
+by the target; it needs the pair's calibrated heads: tandem calibrate --pair NAME),
 /temperature T (0 is greedy: the same reply every time), /stats (last reply's figures), /help, /quit.
 A message can span lines: paste them (lines pasted together are one message), end a line with \\
 to go on with the next, or put the lines between two lines of \"\"\".
@@ -33,7 +38,33 @@ def stats_line(stats: GenerationStats) -> str:
         parts.append(f"accepted {stats.acceptance_rate:.0%}")
     if stats.mean_accepted_per_target_call is not None:
         parts.append(f"{stats.mean_accepted_per_target_call:.2f} tok/target call")
+    if not stats.exact:
+        parts.append(f"approximate: unchecked tokens {stats.unchecked_tokens}, "
+                      f"target calls skipped {stats.target_calls_skipped}")
     return " · ".join(parts)
+
+
+def sprinter_refusal(pair: LoadedPair) -> str | None:
+    """Why `pair` cannot reply with SPRINTER, and what to do about it; None when it can."""
+    name = pair.config.name
+    if "sprinter" in pair.methods:
+        return None
+    if pair.draft is None:
+        return f"SPRINTER needs a draft model, and the pair {name!r} drafts with n-grams."
+    if pair.heads_problem:
+        return f"SPRINTER cannot run on the pair {name!r}: {pair.heads_problem}"
+    return (f"SPRINTER needs heads calibrated for the pair {name!r}, and it has none yet. "
+            f"Calibrate them (it takes minutes) with: tandem calibrate --pair {name!r}, or with Calibrate heads in the app's Settings.")
+
+
+def sprinter_quality(pair: LoadedPair, greedy: bool) -> str:
+    """The held-out figures of the pair's SPRINTER verifier, for the mode replies use."""
+    try:
+        figures = pair.heads.card["modes"]["greedy" if greedy else "sampled"]["sprinter"]
+        return (f"; held out: η {figures['false_positive_rate']:.1%} of rejected tokens let through, "
+                f"accuracy {figures['accuracy']:.0%} (constant {figures['constant_accuracy']:.0%})")
+    except (AttributeError, KeyError, TypeError):
+        return ""
 
 
 def temperature_label(temperature: float) -> str:
@@ -89,6 +120,8 @@ class TerminalChat:
         self.out = out
         self.stderr = stderr
         self.last_stats: GenerationStats | None = None
+        # What `/verifier exact` goes back to: the last exact method in use.
+        self.exact_method = settings.method if settings.exact else default_method(pair.methods)
 
     def run(self) -> int:
         described = self.pair.describe()
@@ -99,6 +132,8 @@ class TerminalChat:
         if refusal:
             self.settings = self.settings.with_changes(method=default_method(self.pair.methods))
             self.out.write(f"[error] {refusal} Using {self.settings.method} instead.\n")
+        elif not self.settings.exact:
+            self.out.write(f"{self._verifier_line()}\n")
         with StatusLine(self.out, self.stderr) as status:
             while True:
                 try:
@@ -172,7 +207,11 @@ class TerminalChat:
                     self.out.write(f"[error] {refusal} The method stays {self.settings.method}.\n")
                 else:
                     self.settings = settings
+                    if settings.exact:
+                        self.exact_method = method
                     self.out.write(f"(method: {self.settings.method})\n")
+            elif name == "/verifier":
+                self._set_verifier(argument.strip().lower())
             elif name == "/temperature":
                 self.settings = self.settings.with_changes(temperature=float(argument))
                 self.out.write(f"(temperature: {temperature_label(self.settings.temperature)})\n")
@@ -183,3 +222,26 @@ class TerminalChat:
         except (ConfigError, ValueError) as error:
             self.out.write(f"[error] {error}\n")
         return True
+
+    def _set_verifier(self, verifier: str) -> None:
+        """`/verifier exact|sprinter`; with no argument, say which one replies use."""
+        if verifier == "sprinter":
+            refusal = sprinter_refusal(self.pair)
+            if refusal:
+                self.out.write(f"[error] {refusal} The verifier stays exact.\n")
+                return
+            if self.settings.exact:
+                self.exact_method = self.settings.method
+            self.settings = self.settings.with_changes(method="sprinter")
+        elif verifier == "exact":
+            self.settings = self.settings.with_changes(method=self.exact_method)
+        elif verifier:
+            self.out.write(f"[error] unknown verifier {verifier!r}: choose exact or sprinter.\n")
+            return
+        self.out.write(f"{self._verifier_line()}\n")
+
+    def _verifier_line(self) -> str:
+        if self.settings.method in APPROXIMATE_METHODS:
+            return ("(verifier: SPRINTER, approximate: tokens its verifier passes go out without the target checking them"
+                    f"{sprinter_quality(self.pair, self.settings.greedy)})")
+        return f"(verifier: exact, method {self.settings.method})"

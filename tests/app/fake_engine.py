@@ -1,7 +1,11 @@
 """A stand-in for the engine with the same API as `engine.session` and `app.engine_api`, for
 GUI tests where a real model is not the point: replies are deterministic, stream word by
 word with a configurable delay, mix draft and target provenance, and come with stats.
-Loads can be made to fail per model source, and a reply to raise after N tokens."""
+Loads can be made to fail per model source, and a reply to raise after N tokens.
+
+A pair with a draft model offers `adaptive` and `sprinter` once it has heads: from the start
+(`FakeEngine(heads=True)`) or after `calibrate`, which reports its phases like the real one,
+stops when asked, and can be made to fail. SPRINTER replies carry UNCHECKED tokens."""
 from __future__ import annotations
 
 import itertools
@@ -10,8 +14,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from engine.config import DecodeSettings, ModelSpec, PairConfig
-from engine.errors import IncompatiblePairError, ModelLoadError, OutOfMemoryError
+from engine.config import HEAD_METHODS, DecodeSettings, ModelSpec, PairConfig
+from engine.errors import IncompatiblePairError, ModelLoadError, OutOfMemoryError, TandemError
 from engine.events import Finished, PromptPrepared, PromptProgress, Provenance, StatsUpdate, TextDelta
 from engine.stats import GenerationStats
 
@@ -25,6 +29,32 @@ DEFAULT_REPLY = (
 # Draft tokens accepted in successive rounds of `chain`; a round of K accepted ends in a bonus.
 ACCEPTED_PER_ROUND = (3, 1, 4, 0, 2, 4)
 VERIFIERS = (("block", "Exact — block verification", True), ("token", "Exact — token-level", True))
+# SPRINTER: tokens let out unchecked in successive rounds; a round of `sprinter_max_unchecked`
+# (capped at 6 here) never calls the target. The flagged token is accepted every other round.
+UNCHECKED_PER_ROUND = (3, 6, 1, 0, 6, 2)
+CALIBRATION_PROMPTS = 8
+
+
+def heads_card(pair_name: str = "demo") -> dict:
+    """A card like `tandem calibrate` writes (engine/heads/calibrate.py), with plausible figures."""
+
+    def mode(eta: float, passed: float, accuracy: float, constant: float, bce: float) -> dict:
+        sprinter = {"threshold": 0.8, "false_positive_rate": eta, "pass_rate": passed, "unchecked_error_rate": eta / 3,
+                    "accuracy": accuracy, "constant_accuracy": constant, "heldout_examples": 2048}
+        acceptance = {"bce": bce, "constant_bce": bce + 0.17, "heldout_examples": 2048}
+        return {"sprinter": sprinter, "acceptance": acceptance, "training_examples": 18000}
+
+    return {
+        "feature_width": 580, "pair": pair_name,
+        "data": {"prompts": 160, "heldout_prompts": 16, "reply_tokens": 19873, "temperature": 0.7},
+        "modes": {"greedy": mode(0.098, 0.61, 0.87, 0.74, 0.36), "sampled": mode(0.1, 0.47, 0.81, 0.66, 0.44)},
+        "seconds": 412.0,
+    }
+
+
+@dataclass
+class FakeHeads:
+    card: dict
 
 
 def words(text: str) -> list[str]:
@@ -45,6 +75,11 @@ class FakeEngine:
     )
     tokenizer_families: dict[str, str] = field(default_factory=dict)  # source -> family; default "smol"
     online: bool = False
+    heads: bool = False  # pairs with a draft model load with calibrated heads
+    heads_problem: str | None = None  # ... or with heads on disk that cannot be used
+    calibration_step_s: float = 0.0
+    calibration_error: Exception | None = None  # raised half-way through a calibration
+    calibrations: int = 0  # calibrations that finished
     loads: list[PairConfig] = field(default_factory=list)
     requests: list[tuple[list, DecodeSettings, str | None]] = field(default_factory=list)
     closed_pairs: list[str] = field(default_factory=list)
@@ -78,15 +113,34 @@ class FakeEngine:
             progress(f"Downloading {repo_id}", step / 4)
         return repo_id
 
+    def calibrate(self, pair: FakePair, progress, should_stop) -> dict | None:
+        if pair.config.draft is None:
+            raise TandemError(f"The pair {pair.config.name!r} has no draft model: there is nothing to calibrate.")
+        steps = [("replies", done, CALIBRATION_PROMPTS) for done in range(CALIBRATION_PROMPTS + 1)]
+        steps += [("training", done, 2) for done in range(3)]
+        for index, (phase, done, total) in enumerate(steps):
+            if should_stop():
+                return None
+            if self.calibration_error is not None and index == len(steps) // 2:
+                raise self.calibration_error
+            progress(phase, done, total)
+            time.sleep(self.calibration_step_s)
+        pair.heads, pair.heads_problem = FakeHeads(heads_card(pair.config.name)), None
+        self.calibrations += 1
+        return pair.heads.card
+
 
 class FakePair:
     def __init__(self, engine: FakeEngine, config: PairConfig):
         self.engine = engine
         self.config = config
+        with_heads = engine.heads and config.draft is not None
+        self.heads = FakeHeads(heads_card(config.name)) if with_heads else None
+        self.heads_problem = engine.heads_problem if config.draft is not None else None
 
     @property
     def methods(self) -> tuple[str, ...]:
-        return ("ar", "chain")
+        return ("ar", "chain") + (HEAD_METHODS if self.heads is not None else ())
 
     @property
     def verifiers(self) -> tuple[tuple[str, str, bool], ...]:
@@ -131,8 +185,11 @@ class FakeGeneration:
         tokens = words(engine.reply)
         stop_reason = "eos" if len(tokens) <= settings.max_new_tokens else "length"
         tokens = tokens[: settings.max_new_tokens]
-        stats = GenerationStats(method=settings.method, prompt_tokens=prompt_tokens)
+        stats = GenerationStats(method=settings.method, prompt_tokens=prompt_tokens, exact=settings.exact)
         accepted_per_round = itertools.cycle(ACCEPTED_PER_ROUND)
+        unchecked_per_round = itertools.cycle(UNCHECKED_PER_ROUND)
+        longest_unchecked = min(settings.sprinter_max_unchecked, 6)
+        rounds = 0
         started = time.perf_counter()
         emitted = 0
         provenance: list[Provenance] = []
@@ -144,9 +201,20 @@ class FakeGeneration:
                 raise engine.generation_error
             time.sleep(engine.token_delay_s)
             # 1. one round: some accepted draft tokens, then the target's own token
+            rounds += 1
+            target_called = True
             if settings.method == "ar":
                 drafted = 0
                 kinds = [Provenance.TARGET]
+            elif settings.method == "sprinter":  # unchecked tokens, then a flagged one the target checks
+                unchecked = min(next(unchecked_per_round), longest_unchecked)
+                kinds = [Provenance.UNCHECKED] * unchecked
+                if unchecked == longest_unchecked:
+                    target_called = False
+                else:
+                    accepted = rounds % 2
+                    kinds += [Provenance.DRAFT, Provenance.BONUS] if accepted else [Provenance.TARGET]
+                    stats.record_round(1, accepted)
             else:
                 drafted = min(next(accepted_per_round), settings.draft_tokens)
                 own = Provenance.BONUS if drafted == settings.draft_tokens else Provenance.TARGET
@@ -158,7 +226,11 @@ class FakeGeneration:
             provenance += kinds
             # 2. counters, as the real engine keeps them
             now = time.perf_counter()
-            stats.target_calls += 1
+            if target_called:
+                stats.target_calls += 1
+            else:
+                stats.target_calls_skipped += 1
+            stats.unchecked_tokens += kinds.count(Provenance.UNCHECKED)
             stats.tokens_generated = emitted
             stats.elapsed_s = now - started
             stats.draft_time_s = 0.2 * stats.elapsed_s if settings.method != "ar" else 0.0

@@ -6,7 +6,10 @@
 Sets: `tour` (the main window, settings and pair picker), `long-chat` (the newest reply in
 view after a 40,000-character message), `recovery` (a corrupt chats file set aside),
 `rough-edges` (issue 13: the Greedy toggle, long pair names, reading a long message over the
-fake engine, and a first start converting the demo model for torch, with the real engine).
+fake engine, and a first start converting the demo model for torch, with the real engine),
+`sprinter` (issue 11, the real engine: the Verifier switch before and after calibrating the
+demo pair's heads in Settings, the calibration's progress, and a SPRINTER reply with its
+speed panel and its unchecked tokens).
 
 Runs in a private TANDEM_HOME (converted weights are shared with the user cache) on the
 offscreen platform unless a display is set. The pair picker lists the converted demo folder,
@@ -22,8 +25,9 @@ from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from PySide6.QtCore import QEventLoop, QTimer
-from PySide6.QtWidgets import QApplication, QWidget
+from PySide6.QtCore import QEventLoop, QPoint, QTimer
+from PySide6.QtGui import QPainter, QPixmap
+from PySide6.QtWidgets import QApplication, QToolTip, QWidget
 
 from tests.app.scratch_home import use_scratch_home
 
@@ -251,7 +255,73 @@ def first_start(app: QApplication) -> None:
         window.close()
 
 
-SETS = {"tour": tour, "long-chat": long_chat, "recovery": recovery, "rough-edges": rough_edges}
+def with_tooltip(app: QApplication, widget: QWidget, under: QWidget, name: str) -> None:
+    """Save `widget` with the tooltip of `under` (a child of it) shown below it, as on hover."""
+    QToolTip.showText(under.mapToGlobal(QPoint(0, under.height())), under.toolTip(), under)
+    wait_until(app, lambda: any(w.inherits("QTipLabel") and w.isVisible() for w in app.topLevelWidgets()), 5)
+    tip = next(w for w in app.topLevelWidgets() if w.inherits("QTipLabel") and w.isVisible())
+    shot, tip_shot = widget.grab(), tip.grab()
+    left = min(under.mapTo(widget, QPoint(0, 0)).x(), max(shot.width() - tip_shot.width(), 0))
+    combined = QPixmap(max(shot.width(), left + tip_shot.width()), shot.height() + tip_shot.height() + 2)
+    combined.fill(widget.palette().window().color())
+    painter = QPainter(combined)
+    painter.drawPixmap(0, 0, shot)
+    painter.drawPixmap(left, shot.height() + 2, tip_shot)
+    painter.end()
+    QToolTip.hideText()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    combined.save(str(SHOTS / name))
+    print("saved", SHOTS / name)
+
+
+# A smaller calibration than `tandem calibrate`'s 160 prompts of up to 128 tokens, so that the
+# set runs in minutes on a CPU; the Settings screenshot says what the heads were trained on.
+SCREENSHOT_CALIBRATION = {"prompts": 40, "max_new_tokens": 64}
+
+
+def sprinter(app: QApplication, home: Path) -> None:
+    """Issue 11 with the real engine: the Verifier switch disabled until the demo pair's heads
+    are calibrated (in Settings, with progress), then a SPRINTER reply."""
+    from app.engine_api import LocalEngine
+    from app.main_window import MainWindow
+    from engine.heads.calibrate import CalibrationSettings
+
+    window = MainWindow(LocalEngine(CalibrationSettings(**SCREENSHOT_CALIBRATION)))
+    window.resize(1360, 860)
+    window.show()
+    try:
+        wait_until(app, lambda: window.client.pair is not None, 300)
+        toolbar = window.findChild(QWidget, "mainToolbar")
+        with_tooltip(app, toolbar, window.verifier_switch, "verifier-switch-uncalibrated.png")
+
+        dialog = window.open_settings()
+        wait_until(app, lambda: dialog.isVisible(), 5)
+        dialog.heads_panel.calibrate_button.click()
+        wait_until(app, lambda: (window.client.calibration_step or ("", 0, 0))[1] >= 12, 900)
+        save(dialog, "calibrate-heads-progress.png")
+        wait_until(app, lambda: not window.client.calibrating, 1800)
+        app.processEvents()
+        save(dialog, "calibrate-heads-done.png")
+        dialog.reject()
+
+        window.verifier_switch.buttons["sprinter"].click()
+        window.set_decoding(window.settings.decoding.with_changes(max_new_tokens=160))
+        app.processEvents()
+        with_tooltip(app, toolbar, window.verifier_switch.buttons["sprinter"], "verifier-switch-sprinter.png")
+        window.pane.input.setPlainText(FIRST_QUESTION)
+        window.pane.send_button.click()
+        wait_until(app, lambda: not window.client.generating and len(window.pane.view.messages) == 2, 600)
+        window.pane.view.messages[1].figures_line.toggle.setChecked(True)
+        app.processEvents()
+        save(window, "sprinter-reply-speed-panel.png")
+        window.set_show_provenance(True)
+        app.processEvents()
+        save(window, "sprinter-reply-provenance.png")
+    finally:
+        window.close()
+
+
+SETS = {"tour": tour, "long-chat": long_chat, "recovery": recovery, "rough-edges": rough_edges, "sprinter": sprinter}
 
 
 if __name__ == "__main__":

@@ -28,3 +28,15 @@ def test_runs_are_fitted_to_the_final_text_and_coloured_with_whitespace_kept():
     assert fit_runs([("draft", 3)], 5) == [("draft", 5)]
     html = coloured_html("a <b>\n c", [("draft", 2), ("target", 7)], dark=False)
     assert "&lt;b&gt;" in html and "pre-wrap" in html and html.count("<span") == 2
+
+
+def test_unchecked_tokens_have_their_own_tint_and_legend_entry():
+    from app.provenance import DARK_COLOURS, LEGEND, LIGHT_COLOURS
+
+    for colours in (LIGHT_COLOURS, DARK_COLOURS):
+        assert set(colours) == {kind.value for kind in Provenance}
+        assert len(set(colours.values())) == len(colours)  # no two kinds share a tint
+    meaning = dict(LEGEND)[Provenance.UNCHECKED.value]
+    assert "SPRINTER" in meaning and "approximate" in meaning
+    html = coloured_html("ab", [("unchecked", 1), ("target", 1)], dark=False)
+    assert LIGHT_COLOURS["unchecked"] in html

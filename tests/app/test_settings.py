@@ -78,3 +78,17 @@ def test_a_decoding_entry_of_the_wrong_shape_falls_back_to_the_defaults():
     settings_path().write_text(json.dumps({"schema_version": 1, "active_pair": "mine", "decoding": ["ar"]}))
     settings, _warning = load_settings()
     assert settings.active_pair == "mine" and settings.decoding == AppSettings().decoding
+
+
+def test_the_verifier_switch_is_saved_and_a_saved_sprinter_method_becomes_the_switch():
+    settings = AppSettings(verifier_mode="sprinter")
+    save_settings(settings)
+    assert load_settings()[0].verifier_mode == "sprinter"
+
+    # SPRINTER is never the method box's method: a file that says so (hand-edited, say)
+    # turns the switch on and keeps an exact method for when it is turned off.
+    settings_path().write_text(json.dumps({"schema_version": SCHEMA_VERSION, "decoding": {"method": "sprinter"}}))
+    loaded = load_settings()[0]
+    assert loaded.verifier_mode == "sprinter" and loaded.decoding.exact
+    settings_path().write_text(json.dumps({"schema_version": SCHEMA_VERSION, "verifier_mode": "fastest"}))
+    assert load_settings()[0].verifier_mode == "exact"

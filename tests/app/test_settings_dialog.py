@@ -145,3 +145,12 @@ def test_method_labels_say_what_a_method_is_not_which_is_fastest():
     from app.settings_dialog import METHOD_LABELS
 
     assert not any("fast" in label for label in METHOD_LABELS.values())
+
+
+def test_sprinter_is_not_a_method_and_the_adaptive_chain_takes_no_k(qapp):
+    form = DecodingForm(DecodeSettings(method="adaptive", temperature=0.7), ("ar", "chain", "adaptive", "sprinter"), VERIFIERS)
+    methods = [form.method.itemData(i) for i in range(form.method.count())]
+    assert methods == ["ar", "chain", "adaptive"]
+    assert form.method.currentText().startswith("adaptive chain (SpecDec++)")
+    assert not form.draft_tokens.isEnabled() and "chooses its draft length" in form.note.text()
+    assert form.verifier.isEnabled()  # its chain is verified like any other

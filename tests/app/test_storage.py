@@ -94,3 +94,44 @@ def test_a_healthy_store_opens_without_a_warning(tmp_path):
     store, warning = open_chat_store(tmp_path / "chats.sqlite3")
     assert warning is None
     assert [c.title for c in store.list_conversations()] == ["Kept"]
+
+
+def test_a_reply_keeps_the_verifier_that_wrote_it_even_when_cut_short(tmp_path):
+    path = tmp_path / "chats.sqlite3"
+    store = ChatStore(path)
+    conversation = store.create_conversation("Chat")
+    question = store.add_message(conversation.id, "user", "Hi")
+    reply = store.add_message(conversation.id, "assistant", "", STREAMING, verifier="sprinter")
+    store.update_reply(reply.id, "Hel", [("unchecked", 3)])
+    assert reply.approximate and not question.approximate
+
+    saved = ChatStore(path).messages(conversation.id)  # as after a crash mid-reply
+    assert [(m.verifier, m.approximate) for m in saved] == [("exact", False), ("sprinter", True)]
+    assert saved[-1].status == INTERRUPTED and saved[-1].provenance == [("unchecked", 3)]
+
+
+def test_chats_saved_before_the_verifier_column_open_with_every_reply_exact(tmp_path):
+    path = tmp_path / "chats.sqlite3"
+    older = sqlite3.connect(path)  # the version-1 tables, as the previous release wrote them
+    older.executescript("""
+        CREATE TABLE conversations (id INTEGER PRIMARY KEY AUTOINCREMENT, title TEXT NOT NULL,
+            system_prompt TEXT NOT NULL DEFAULT '', created_at REAL NOT NULL, updated_at REAL NOT NULL);
+        CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT,
+            conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            role TEXT NOT NULL, content TEXT NOT NULL, provenance TEXT NOT NULL DEFAULT '[]', figures TEXT,
+            status TEXT NOT NULL DEFAULT 'complete', note TEXT NOT NULL DEFAULT '', created_at REAL NOT NULL);
+        CREATE TABLE app_state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        INSERT INTO conversations VALUES (1, 'Old chat', '', 0, 0);
+        INSERT INTO messages (conversation_id, role, content, created_at) VALUES (1, 'user', 'Hi', 0), (1, 'assistant', 'Hello', 0);
+        PRAGMA user_version=1;
+    """)
+    older.close()
+
+    store, warning = open_chat_store(path)
+
+    assert warning is None  # migrated in place, nothing set aside
+    assert [(m.content, m.verifier) for m in store.messages(1)] == [("Hi", "exact"), ("Hello", "exact")]
+    reply = store.add_message(1, "assistant", "", STREAMING, verifier="sprinter")
+    assert store.message(reply.id).approximate
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone() == (2,)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("chats-set-aside-")]

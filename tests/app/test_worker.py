@@ -1,9 +1,11 @@
 """The engine worker thread: signal order, stopping, errors as data, and a clean shutdown."""
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
+from PySide6.QtCore import Qt
 
 from app.worker import EngineClient
 from engine.chat_prompt import Message
@@ -138,3 +140,67 @@ def test_shutdown_abandons_a_load_at_its_next_progress_report(qtbot, make_client
     started = time.perf_counter()
     client.shutdown()
     assert time.perf_counter() - started < 1.0
+
+
+def test_calibration_runs_on_the_worker_reports_its_phases_and_gives_the_pair_its_heads(qtbot, make_client):
+    engine = FakeEngine()
+    client = loaded(qtbot, make_client, engine)
+    assert "sprinter" not in client.pair.methods and client.pair.heads_card is None
+    gui_thread = threading.get_ident()
+    steps, threads = [], []
+    client.worker.calibration_progress.connect(lambda *_: threads.append(threading.get_ident()),
+                                               Qt.ConnectionType.DirectConnection)
+    client.calibration_progress.connect(lambda *step: steps.append(step))
+    with qtbot.waitSignals([client.busy_changed, client.calibrated], order="strict", timeout=5000):
+        client.calibrate()
+    assert gui_thread not in threads  # the calibration ran on the engine thread
+    assert steps == [("replies", done, 8) for done in range(9)] + [("training", done, 2) for done in range(3)]
+    assert {"adaptive", "sprinter"} <= set(client.pair.methods)
+    assert client.pair.heads_card["modes"]["greedy"]["sprinter"]["false_positive_rate"] == 0.098
+    assert client.can_generate and not client.calibrating
+
+
+def test_replies_wait_while_a_calibration_runs(qtbot, make_client):
+    client = loaded(qtbot, make_client, FakeEngine(calibration_step_s=0.05))
+    client.calibrate()
+    assert client.calibrating and not client.can_generate
+    with qtbot.waitSignal(client.calibrated, timeout=5000):
+        pass
+    assert client.can_generate
+
+
+def test_a_cancelled_calibration_leaves_the_pair_as_it_was(qtbot, make_client):
+    engine = FakeEngine(calibration_step_s=0.05)
+    client = loaded(qtbot, make_client, engine)
+    before = client.pair
+    with qtbot.waitSignal(client.calibration_progress, timeout=5000):
+        client.calibrate()
+    with qtbot.waitSignal(client.calibration_cancelled, timeout=5000):
+        client.cancel_calibration()
+    assert client.pair is before and "sprinter" not in client.pair.methods
+    assert engine.calibrations == 0 and not client.calibrating and client.can_generate
+    with qtbot.waitSignal(client.finished, timeout=5000) as finished:
+        client.generate(QUESTION, DecodeSettings(method="chain"), None)
+    assert finished.args[1].stats.exact
+
+
+def test_a_failed_calibration_crosses_as_data_and_replies_go_on(qtbot, make_client):
+    engine = FakeEngine(calibration_error=OutOfMemoryError("The machine ran out of memory while calibrating."))
+    client = loaded(qtbot, make_client, engine)
+    with qtbot.waitSignal(client.calibration_failed, timeout=5000) as failed:
+        client.calibrate()
+    assert isinstance(failed.args[0], OutOfMemoryError)
+    assert "sprinter" not in client.pair.methods and client.can_generate
+    with qtbot.waitSignal(client.finished, timeout=5000):
+        client.generate(QUESTION, DecodeSettings(), None)
+
+
+def test_shutdown_cancels_a_calibration_at_its_next_step(qtbot, make_client):
+    engine = FakeEngine(calibration_step_s=0.1)
+    client = loaded(qtbot, make_client, engine)
+    with qtbot.waitSignal(client.calibration_progress, timeout=5000):
+        client.calibrate()
+    started = time.perf_counter()
+    client.shutdown()
+    assert time.perf_counter() - started < 1.0
+    assert engine.calibrations == 0 and not client._thread.isRunning()

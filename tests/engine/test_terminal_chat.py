@@ -1,5 +1,5 @@
 """`tandem chat` on a tiny random pair: Ctrl-C keeps the partial reply, slash commands never
-end the chat."""
+end the chat, `/verifier` switches to SPRINTER and back."""
 from __future__ import annotations
 
 import io
@@ -8,8 +8,9 @@ import re
 import pytest
 
 from engine.chat_prompt import Message
-from engine.config import DecodeSettings
+from engine.config import DecodeSettings, default_method
 from engine.terminal_chat import TerminalChat
+from tests.engine.heads_fixtures import fixed_heads, tiny_draft_pair
 from tests.engine.test_session import LONG_MESSAGE, interrupt_target_call, long_context_pair
 from tests.engine.test_terminal_input import PastingTerminal
 from tests.engine.tiny_models import tiny_word_pair
@@ -109,3 +110,44 @@ def test_a_short_message_shows_no_reading_progress(tiny_pair):
     lines = iter(["w1 w2", "/quit"])
     TerminalChat(tiny_pair, DecodeSettings(method="ar", max_new_tokens=4), None, read=lambda p: next(lines), out=screen).run()
     assert "reading your message" not in screen.getvalue()
+
+
+def test_the_help_lists_the_verifier_command(tiny_pair):
+    _chat, printed = chat_with(tiny_pair, ["/help"])
+    assert "/verifier exact|sprinter" in printed and "approximate" in printed
+
+
+def test_sprinter_is_refused_with_what_to_do_when_the_pair_cannot_run_it(tiny_pair, make_word_tokenizer):
+    chat, printed = chat_with(tiny_pair, ["/verifier sprinter", "w1 w2"])
+    assert "SPRINTER needs a draft model" in printed and "The verifier stays exact." in printed
+    assert chat.settings.method == "ar" and chat.last_stats.exact
+
+    uncalibrated = tiny_draft_pair(make_word_tokenizer)
+    chat, printed = chat_with(uncalibrated, ["/verifier sprinter"], DecodeSettings(method="chain", max_new_tokens=4))
+    assert "needs heads calibrated for the pair 'tiny'" in printed and "tandem calibrate --pair 'tiny'" in printed
+    assert chat.settings.method == "chain"
+
+    uncalibrated.heads_problem = "The calibrated heads were trained on a draft of another width; run tandem calibrate again."
+    _chat, printed = chat_with(uncalibrated, ["/verifier sprinter"], DecodeSettings(method="chain", max_new_tokens=4))
+    assert "another width" in printed
+
+
+def test_verifier_sprinter_writes_approximate_replies_and_exact_brings_the_method_back(make_word_tokenizer):
+    pair = tiny_draft_pair(make_word_tokenizer)
+    pair.attach_heads(fixed_heads(passes=True))  # a verifier that passes every token
+    chat, printed = chat_with(pair, ["/verifier sprinter", "w1 w2", "/verifier exact", "w3 w4"],
+                              DecodeSettings(method="chain", max_new_tokens=16))  # one SPRINTER round
+    assert "(verifier: SPRINTER, approximate" in printed
+    replies = printed.split("tandem> ")[1:]
+    assert "approximate: unchecked tokens 16, target calls skipped 1" in replies[0]
+    assert "approximate" not in replies[1]
+    assert "(verifier: exact, method chain)" in printed and chat.settings.method == "chain"
+    assert chat.last_stats.exact and chat.last_stats.method == "chain"
+
+
+def test_a_chat_started_with_sprinter_says_so_and_goes_back_to_the_pairs_default(make_word_tokenizer):
+    pair = tiny_draft_pair(make_word_tokenizer)
+    pair.attach_heads(fixed_heads(passes=True))
+    chat, printed = chat_with(pair, ["/verifier", "/verifier exact"], DecodeSettings(method="sprinter", max_new_tokens=4))
+    assert printed.count("(verifier: SPRINTER, approximate") == 2  # at the start, and asked
+    assert chat.settings.method == default_method(pair.methods)
