@@ -398,9 +398,9 @@ def method_refusal(pair: LoadedPair, method: str) -> str | None:
     if pair.draft is None:
         return f"The pair {pair.config.name!r} cannot decode with {method!r}: it needs a draft model, and this pair has none."
     if method in HEAD_METHODS:
-        why = pair.heads_problem or "its draft has no calibrated heads yet"
-        return (f"The pair {pair.config.name!r} cannot decode with {method!r}: {why} "
-                f"Calibrate them in Settings, or run: tandem calibrate --pair {pair.config.name!r}").replace("  ", " ")
+        why = (pair.heads_problem or "its draft has no calibrated heads yet.").rstrip(".")
+        return (f"The pair {pair.config.name!r} cannot decode with {method!r}: {why}. "
+                f"Calibrate them in Settings, or run: tandem calibrate --pair {pair.config.name!r}")
     return (f"The pair {pair.config.name!r} cannot decode with {method!r}: token trees need full attention in "
             "every layer, and its models use sliding-window attention.")
 
