@@ -26,6 +26,7 @@ from transformers import LlamaConfig
 
 from .errors import ModelLoadError
 from .gguf_vocab import read_vocabulary
+from .runtime.reduced_vocabulary import ReducedVocabulary
 
 PRECISIONS = ("f16", "bf16", "f32", "q8_0")
 DEFAULT_PRECISION = "f16"
@@ -92,7 +93,11 @@ def export_gguf(folder: Path, out_path: Path | None = None, precision: str = DEF
         weights = _open_weights(folder, stack)
         tied = shape.tied_embeddings or "lm_head.weight" not in weights
         embedding_rows = weights.shape("model.embed_tokens.weight")[0]
-        vocabulary = read_vocabulary(folder, embedding_rows)
+        reduced = ReducedVocabulary.load(folder)
+        if reduced is None:
+            vocabulary = read_vocabulary(folder, embedding_rows)
+        else:
+            vocabulary = read_vocabulary(folder, reduced.full_size).restricted(reduced.kept_ids)
 
         def write(partial: Path) -> None:
             writer = GGUFWriter(partial, arch="llama")

@@ -23,6 +23,7 @@ from .errors import ModelLoadError
 SMOLLM_TOKENS_SHA256 = "d1f2ce856b324081b621d9e2e8dbd22879f462329f3fd4aa39fa758dddb2ce55"
 SMOLLM_PRE = "smollm"
 DEFAULT_PRE = "default"
+OTHER_TOKEN = "<|tandem_other|>"  # a reduced draft's one id for every token it does not keep
 
 
 class UnsupportedTokenizerError(ModelLoadError):
@@ -58,6 +59,23 @@ class GGUFVocabulary:
         writer.add_add_eos_token(self.add_eos)
         if self.chat_template:
             writer.add_chat_template(self.chat_template)
+
+
+    def restricted(self, kept_ids: tuple[int, ...]) -> GGUFVocabulary:
+        """The vocabulary of a reduced draft (`runtime/reduced_vocabulary.py`): its kept
+        tokens in its own order, then one entry for every other token. The merges stay whole:
+        llama.cpp keeps them as text, and Tandem never lets it tokenize anyway."""
+        position = {token: index for index, token in enumerate(kept_ids)}
+        return GGUFVocabulary(
+            tokens=[self.tokens[token] for token in kept_ids] + [OTHER_TOKEN],
+            token_types=[self.token_types[token] for token in kept_ids] + [int(TokenType.UNUSED)],
+            merges=self.merges,
+            pre=self.pre,
+            special_ids={role: position[token] for role, token in self.special_ids.items() if token in position},
+            add_bos=self.add_bos,
+            add_eos=self.add_eos,
+            chat_template=self.chat_template,
+        )
 
 
 def read_vocabulary(folder: Path, embedding_rows: int) -> GGUFVocabulary:

@@ -33,6 +33,7 @@ from .paths import cache_dir
 from .runtime import ModelRuntime
 from .runtime import llamacpp_library
 from .int8_weights import quantise_weight_only
+from .runtime.reduced_vocabulary import ReducedVocabulary, ReducedVocabularyRuntime
 from .runtime.torch_eager import TorchRuntime
 from .runtime.torch_static import StaticTorchRuntime, runs_static
 
@@ -83,10 +84,15 @@ class LoadedModel:
     runtime_factory: Callable[[bool], ModelRuntime] | None = None  # (hidden_states) -> runtime
     extra_stop_ids: frozenset[int] = frozenset()  # end-of-turn ids the weights' own metadata names
     release: Callable[[], None] | None = None  # frees what the garbage collector cannot see
+    vocabulary: ReducedVocabulary | None = None  # a draft that knows part of the tokenizer's vocabulary
 
     def open_runtime(self, hidden_states: bool = False) -> ModelRuntime:
         """A fresh cache over the weights; `hidden_states` makes it return the final hidden
         state beside the logits (`ModelRuntime.last_hidden_states`)."""
+        runtime = self._open_model_runtime(hidden_states)
+        return ReducedVocabularyRuntime(runtime, self.vocabulary) if self.vocabulary is not None else runtime
+
+    def _open_model_runtime(self, hidden_states: bool) -> ModelRuntime:
         if self.runtime_factory is not None:
             return self.runtime_factory(hidden_states)
         if captures_graphs(self.model, self.device):
@@ -96,15 +102,10 @@ class LoadedModel:
 
     @property
     def stop_token_ids(self) -> frozenset[int]:
-        ids: set[int] = set(self.extra_stop_ids)
-        sources = (self.model.generation_config, self.model.config) if self.model is not None else ()
-        for source in (*sources, self.tokenizer):
-            eos = getattr(source, "eos_token_id", None)
-            if isinstance(eos, int):
-                ids.add(eos)
-            elif isinstance(eos, (list, tuple)):
-                ids.update(int(i) for i in eos)
-        return frozenset(ids)
+        model_sources = (self.model.generation_config, self.model.config) if self.model is not None else ()
+        # the model's own configs name ids in its vocabulary, which a reduced draft maps
+        in_model = frozenset(token for source in model_sources for token in _eos_ids(source))
+        return self.extra_stop_ids | _full_vocabulary_ids(in_model, self.vocabulary) | _eos_ids(self.tokenizer)
 
     def close(self) -> None:
         if self.release is not None:
@@ -138,6 +139,7 @@ def load_model(
         precision=precision,
         label=source_label(spec),
         context_length=_context_length(model.config),
+        vocabulary=ReducedVocabulary.load(folder),
     )
 
 
@@ -178,6 +180,7 @@ def _load_with_llamacpp(spec: ModelSpec, gguf: Path, report: ProgressCallback, a
         gguf = llamacpp_library.quantised_copy(gguf, precision)
     folder = None if _gguf_path(spec) is not None else Path(spec.source).expanduser()
     tokenizer = _load_tokenizer(folder) if folder is not None else _gguf_tokenizer(original, report)
+    vocabulary = ReducedVocabulary.load(folder)
     report("Loading weights (llama.cpp)…", None)
     weights = load_weights(gguf, use_gpu=spec.device != "cpu")  # offloads only where the build can
     context_length = min(weights.context_length or FALLBACK_CONTEXT_LENGTH, MAX_CONTEXT_LENGTH)
@@ -193,9 +196,26 @@ def _load_with_llamacpp(spec: ModelSpec, gguf: Path, report: ProgressCallback, a
         runtime="llama.cpp" + (" (GPU)" if weights.gpu_layers else ""),
         gpu_layers=weights.gpu_layers,
         runtime_factory=lambda hidden_states: LlamaCppRuntime(weights, context_length, hidden_states=hidden_states),
-        extra_stop_ids=weights.eos_token_ids,
+        extra_stop_ids=_full_vocabulary_ids(weights.eos_token_ids, vocabulary),
         release=weights.close,
+        vocabulary=vocabulary,
     )
+
+
+def _eos_ids(source: Any) -> frozenset[int]:
+    eos = getattr(source, "eos_token_id", None)
+    if isinstance(eos, int):
+        return frozenset({eos})
+    if isinstance(eos, (list, tuple)):
+        return frozenset(int(token) for token in eos)
+    return frozenset()
+
+
+def _full_vocabulary_ids(model_ids: frozenset[int], vocabulary: ReducedVocabulary | None) -> frozenset[int]:
+    """Ids a model's own metadata names (its end-of-turn ids), in the tokenizer's vocabulary."""
+    if vocabulary is None:
+        return model_ids
+    return frozenset(vocabulary.kept_ids[token] for token in model_ids if token < vocabulary.other_id)
 
 
 def _gguf_tokenizer(gguf: Path, report: ProgressCallback | None = None) -> Any:
