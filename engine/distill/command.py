@@ -39,6 +39,21 @@ def add_distill_command(subparsers: Any) -> None:
     parser.add_argument("--device", choices=DEVICES, default="auto", help="where to run (default: auto)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from where it stopped")
     parser.add_argument("--prompts", type=Path, help="JSON Lines file with a \"prompt\" key per line (default: shipped set)")
+    parser.add_argument(
+        "--synthetic-prompts", type=int, metavar="N",
+        help="also let the target write N prompts of its own (Magpie-style: it continues its chat template's "
+        "user turn), deduplicated, beside the prompts file's (default: 0)",
+    )
+    parser.add_argument(
+        "--batch-size", type=int, metavar="N",
+        help="replies the target writes at once (default: 64; on a CPU with llama.cpp they are continuously "
+        "batched, on a GPU batched torch)",
+    )
+    parser.add_argument(
+        "--vocabulary", type=int, metavar="N",
+        help="keep only the N tokens the target writes most (and one shared id for the rest) in the draft's "
+        "embedding and output layer: a much cheaper draft call; exactness is unaffected (default: 0, all)",
+    )
     parser.add_argument("--max-new-tokens", type=int, help="longest target reply (default: 256)")
     parser.add_argument("--epochs", type=float, help="passes over the data (default: 2)")
     parser.add_argument("--init", choices=INITS, help="draft embeddings: pca of the target's (default) or random")
@@ -94,7 +109,9 @@ def _settings_from_args(args: argparse.Namespace) -> RunSettings:
         heldout_tokens=default_heldout_tokens(tokens),
         init=args.init or "pca",
         prompts=str(args.prompts.expanduser().resolve()) if args.prompts else str(DEFAULT_PROMPTS),
-        generation=GenerationSettings(**_given(max_new_tokens=args.max_new_tokens, seed=args.seed)),
+        synthetic_prompts=args.synthetic_prompts or 0,
+        vocabulary=args.vocabulary or 0,
+        generation=GenerationSettings(**_given(max_new_tokens=args.max_new_tokens, seed=args.seed, batch_size=args.batch_size)),
         training=TrainSettings(**_given(epochs=args.epochs, seed=args.seed)),
     )
 
@@ -118,6 +135,9 @@ def _check_unchanged(args: argparse.Namespace, settings: RunSettings) -> None:
         "--tokens": (args.tokens, settings.tokens),
         "--init": (args.init, settings.init),
         "--prompts": (args.prompts and str(args.prompts.expanduser().resolve()), settings.prompts),
+        "--synthetic-prompts": (args.synthetic_prompts, settings.synthetic_prompts),
+        "--batch-size": (args.batch_size, settings.generation.batch_size),
+        "--vocabulary": (args.vocabulary, settings.vocabulary),
         "--max-new-tokens": (args.max_new_tokens, settings.generation.max_new_tokens),
         "--epochs": (args.epochs, settings.training.epochs),
         "--seed": (args.seed, settings.generation.seed),
@@ -168,7 +188,7 @@ class _Bars:
         print(text, file=sys.stderr)
 
     def _open(self, progress: Progress) -> tqdm:
-        unit = "step" if progress.phase == "training" else "tok"
+        unit = {"training": "step", "prompts": "prompt"}.get(progress.phase, "tok")
         self.bar = tqdm(total=progress.total, initial=progress.done, desc=progress.phase, unit=unit, unit_scale=unit == "tok", file=sys.stderr, dynamic_ncols=True)
         self.phase = progress.phase
         return self.bar

@@ -2,14 +2,15 @@
 log-probabilities at every reply position, so the draft can learn the target's whole
 distribution and not only the tokens it happened to sample.
 
-Data is written in shards of one generation batch each. Every batch's prompts and random
-seed follow from its index alone, so an interrupted run regenerates exactly what it lost and
-a finished shard is never written twice.
+Data is written in shards of finished replies. Every reply's prompt and random seed follow
+from its key alone, so an interrupted run regenerates exactly what it lost and a finished
+reply is never written twice. Replies come from a `ReplyWriter`: batched torch here (the
+GPU's way), continuous batching on llama.cpp in `llamacpp_batch.py` (the CPU's).
 """
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,10 @@ from ..chat_prompt import Message, encode_conversation
 from ..errors import TandemError
 from ..models import LoadedModel
 from ..sampling import Sampler
+from .replies import Job, Reply, ReplyWriter
 
-SHARD_FORMAT = 1
+SHARD_FORMAT = 2  # 2: sequences carry their reply key
+SHARD_SEQUENCES = 256  # replies per shard: a stopped run loses at most what was still running
 # Every tenth prompt is kept out of training, so held-out scores measure replies to prompts
 # the draft has never seen, not merely other samples of the same replies.
 HELDOUT_EVERY = 10
@@ -39,7 +42,7 @@ class GenerationSettings:
     # How many of the target's best log-probs are kept per position. SmolLM2's top 32 hold
     # nearly all of its probability at almost every position; 6 bytes each on disk.
     stored_top_k: int = 32
-    batch_size: int = 32
+    batch_size: int = 64  # replies written at once
     seed: int = 0
 
 
@@ -47,6 +50,7 @@ class GenerationSettings:
 class Sequence:
     """One prompt and the target's reply, with the target's view of every reply token."""
 
+    key: int  # which reply of the run this is (see generate_split)
     token_ids: torch.Tensor  # (P + L,) int32: chat-formatted prompt, then the reply
     prompt_length: int  # P
     top_ids: torch.Tensor  # (L, k) int32: the target's best k tokens before each reply token
@@ -56,8 +60,19 @@ class Sequence:
     def reply_length(self) -> int:
         return self.top_ids.shape[0]
 
+    @classmethod
+    def from_reply(cls, reply: Reply) -> Sequence:
+        return cls(
+            key=reply.key,
+            token_ids=torch.tensor(reply.prompt_ids + reply.reply_ids, dtype=torch.int32),
+            prompt_length=len(reply.prompt_ids),
+            top_ids=reply.top_ids.to(torch.int32),
+            top_logprobs=reply.top_logprobs.to(torch.float16),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
+            "key": self.key,
             "token_ids": self.token_ids,
             "prompt_length": self.prompt_length,
             "top_ids": self.top_ids,
@@ -74,60 +89,116 @@ def split_prompts(prompts: list[str]) -> tuple[list[str], list[str]]:
     return train, heldout
 
 
+@dataclass
+class SplitOutcome:
+    complete: bool  # False: asked to stop first
+    sampled_mass: float | None  # mean probability the sampled-from tokens held (None: nothing new)
+
+
 def generate_split(
-    target: LoadedModel,
+    writer: ReplyWriter,
+    tokenizer: Any,
     prompts: list[str],
     folder: Path,
     name: str,
     token_budget: int,
     settings: GenerationSettings,
+    stop_ids: frozenset[int],
     should_stop: StopCheck,
     on_tokens: TokenProgress,
-) -> bool:
+) -> SplitOutcome:
     """Write shards `name-NNNNN.pt` into `folder` until they hold `token_budget` reply tokens.
 
-    Shards already there are kept. Returns False when `should_stop` asked to stop first; the
-    batch in progress is then dropped (it is regenerated identically on resume).
+    Reply `key` answers prompt `key % len(prompts)` with random seed `seed_base + key`, so a
+    resumed run writes exactly the replies that are missing (those that were still running
+    when it stopped) and never one twice. Shards already there are kept.
     """
     folder.mkdir(parents=True, exist_ok=True)
     existing = shard_paths(folder, name)
-    collected = sum(sequence.reply_length for path in existing for sequence in load_shard(path))
+    done: set[int] = set()
+    collected = 0
+    for path in existing:
+        for sequence in load_shard(path):
+            done.add(sequence.key)
+            collected += sequence.reply_length
     on_tokens(collected)
-    stop_ids = stop_token_ids(target)
-    pad_id = pad_token_id(target.tokenizer, stop_ids)
+    longest_prompt = writer.sequence_tokens - settings.max_new_tokens
+    encoded = [encode_conversation(tokenizer, [Message("user", prompt)]) for prompt in prompts]
+    usable = [ids for ids in encoded if len(ids) <= longest_prompt]
+    if not usable:
+        raise TandemError(f"None of the {len(prompts)} prompts fits in {longest_prompt} tokens beside a {settings.max_new_tokens}-token reply.")
     # A different base per split, so held-out replies are not the training replies' twins.
     seed_base = settings.seed * 1_000_003 + (0 if name == "train" else 500_009)
-    batch_index = len(existing)
-    while collected < token_budget:
+    total = {"tokens": collected}
+
+    def jobs() -> Iterator[Job]:
+        key = 0
+        while total["tokens"] < token_budget:
+            if key not in done:
+                yield Job(key, usable[key % len(usable)], torch.Generator().manual_seed(seed_base + key))
+            key += 1
+
+    shard_index, pending, masses = len(existing), [], []
+    replies = writer.write(jobs(), settings.max_new_tokens, settings.temperature, settings.stored_top_k, stop_ids, should_stop)
+    for reply in replies:
+        pending.append(Sequence.from_reply(reply))
+        masses.append(reply.sampled_mass)
+        total["tokens"] += len(reply.reply_ids)
+        on_tokens(len(reply.reply_ids))
+        if len(pending) == SHARD_SEQUENCES:
+            save_shard(folder / f"{name}-{shard_index:05d}.pt", pending)
+            shard_index, pending = shard_index + 1, []
+    if pending:  # finished replies are kept even when the run was asked to stop
+        save_shard(folder / f"{name}-{shard_index:05d}.pt", pending)
+    return SplitOutcome(total["tokens"] >= token_budget, sum(masses) / len(masses) if masses else None)
+
+
+class TorchBatchWriter:
+    """Replies sampled with the torch model, `batch_size` sequences per forward (fixed
+    batches: the fastest way on a GPU, where a batch's forward costs what one sequence's does)."""
+
+    def __init__(self, target: LoadedModel, batch_size: int):
+        self.target = target
+        self.batch_size = batch_size
+        self.sequence_tokens = target.context_length
+
+    def write(self, jobs, max_new_tokens, temperature, stored_top_k, stop_ids, should_stop=lambda: False) -> Iterator[Reply]:
+        batch: list[Job] = []
+        for job in jobs:
+            batch.append(job)
+            if len(batch) == self.batch_size:
+                if should_stop():
+                    return
+                yield from self._batch(batch, max_new_tokens, temperature, stored_top_k, stop_ids, should_stop)
+                batch = []
+        if batch and not should_stop():
+            yield from self._batch(batch, max_new_tokens, temperature, stored_top_k, stop_ids, should_stop)
+
+    def _batch(self, jobs, max_new_tokens, temperature, stored_top_k, stop_ids, should_stop) -> list[Reply]:
         if should_stop():
-            return False
-        first = batch_index * settings.batch_size
-        batch_prompts = [prompts[(first + offset) % len(prompts)] for offset in range(settings.batch_size)]
-        prompt_ids = [encode_conversation(target.tokenizer, [Message("user", prompt)]) for prompt in batch_prompts]
-        generator = torch.Generator().manual_seed(seed_base + batch_index)
-        sequences = sample_replies(target, prompt_ids, settings, stop_ids, pad_id, generator, should_stop)
-        if sequences is None:
-            return False
-        save_shard(folder / f"{name}-{batch_index:05d}.pt", sequences)
-        new_tokens = sum(sequence.reply_length for sequence in sequences)
-        collected += new_tokens
-        on_tokens(new_tokens)
-        batch_index += 1
-    return True
+            return []
+        settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature, stored_top_k=stored_top_k)
+        return sample_replies(self.target, jobs, settings, stop_ids, pad_token_id(self.target.tokenizer, stop_ids), should_stop) or []
+
+    def close(self) -> None:
+        pass
 
 
 @torch.inference_mode()
 def sample_replies(
     target: LoadedModel,
-    prompt_ids: list[list[int]],
+    jobs: list[Job],
     settings: GenerationSettings,
     stop_ids: frozenset[int],
     pad_id: int,
-    generator: torch.Generator,
     should_stop: StopCheck,
-) -> list[Sequence] | None:
-    """Sample one reply per prompt in one left-padded batch; None if stopped midway."""
-    model, device = target.model, target.device
+) -> list[Reply] | None:
+    """Sample one reply per job in one left-padded batch; None if stopped midway. Ids are the
+    tokenizer's throughout, also for a reduced-vocabulary model (a draft)."""
+    model, device, vocabulary = target.model, target.device, target.vocabulary
+    in_model = vocabulary.to_model_ids if vocabulary is not None else (lambda ids: ids)
+    full_logits = vocabulary.full_logits if vocabulary is not None else (lambda logits: logits)
+    prompt_ids = [job.prompt_ids for job in jobs]
     batch, width = len(prompt_ids), max(len(ids) for ids in prompt_ids)
     input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((batch, width), dtype=torch.long)
@@ -139,12 +210,12 @@ def sample_replies(
     cache = DynamicCache(config=model.config)
     sampler = Sampler(temperature=settings.temperature)
     stop_tensor = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
-    usable_vocab = min(len(target.tokenizer), model.config.vocab_size)
+    usable_vocab = min(len(target.tokenizer), model.config.vocab_size if vocabulary is None else vocabulary.full_size)
 
-    logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+    logits = full_logits(model(
+        input_ids=in_model(input_ids), attention_mask=attention_mask, position_ids=position_ids,
         past_key_values=cache, use_cache=True, logits_to_keep=1,
-    ).logits[:, -1]  # (B, V)
+    ).logits[:, -1])  # (B, V)
     next_position = position_ids[:, -1:] + 1  # (B, 1)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     tokens, top_ids, top_logprobs = [], [], []
@@ -154,60 +225,57 @@ def sample_replies(
         # Embedding rows past the tokenizer are padding and must never be sampled.
         logits = logits.float()[:, :usable_vocab]
         logprobs = torch.log_softmax(logits, dim=-1)  # temperature 1: the distribution to learn
-        best = torch.topk(logprobs, settings.stored_top_k, dim=-1)
+        best = torch.topk(logprobs, max(settings.stored_top_k, 1), dim=-1)
         probs = sampler.probabilities(logits).cpu()
-        token = torch.multinomial(probs, 1, generator=generator).squeeze(1).to(device)  # (B,)
+        token = torch.stack([torch.multinomial(probs[row], 1, generator=job.generator)[0] for row, job in enumerate(jobs)]).to(device)
         token = torch.where(finished, torch.full_like(token, pad_id), token)
         tokens.append(token.cpu())
-        top_ids.append(best.indices.cpu())
-        top_logprobs.append(best.values.cpu())
+        top_ids.append(best.indices[:, : settings.stored_top_k].cpu())
+        top_logprobs.append(best.values[:, : settings.stored_top_k].cpu())
         finished |= torch.isin(token, stop_tensor)
         if bool(finished.all()) or step + 1 == settings.max_new_tokens:
             break
         attention_mask = torch.cat([attention_mask, torch.ones((batch, 1), dtype=torch.long, device=device)], dim=1)
-        logits = model(
-            input_ids=token[:, None], attention_mask=attention_mask, position_ids=next_position,
+        logits = full_logits(model(
+            input_ids=in_model(token[:, None]), attention_mask=attention_mask, position_ids=next_position,
             past_key_values=cache, use_cache=True,
-        ).logits[:, -1]
+        ).logits[:, -1])
         next_position = next_position + 1
-    return _sequences(prompt_ids, torch.stack(tokens, 1), torch.stack(top_ids, 1), torch.stack(top_logprobs, 1), stop_ids)
+    return _replies(jobs, torch.stack(tokens, 1), torch.stack(top_ids, 1), torch.stack(top_logprobs, 1), stop_ids)
 
 
-def _sequences(
-    prompt_ids: list[list[int]],
+def _replies(
+    jobs: list[Job],
     tokens: torch.Tensor,  # (B, S)
     top_ids: torch.Tensor,  # (B, S, k)
     top_logprobs: torch.Tensor,  # (B, S, k)
     stop_ids: frozenset[int],
-) -> list[Sequence]:
+) -> list[Reply]:
     """Cut each row of a batch after its first stop token (kept: the draft must learn to stop)."""
-    sequences = []
-    for row, prompt in enumerate(prompt_ids):
+    replies = []
+    for row, job in enumerate(jobs):
         reply = tokens[row].tolist()
         length = next((index + 1 for index, token in enumerate(reply) if token in stop_ids), len(reply))
-        sequences.append(
-            Sequence(
-                token_ids=torch.tensor(prompt + reply[:length], dtype=torch.int32),
-                prompt_length=len(prompt),
+        replies.append(
+            Reply(
+                key=job.key,
+                prompt_ids=job.prompt_ids,
+                reply_ids=reply[:length],
                 top_ids=top_ids[row, :length].to(torch.int32),
                 top_logprobs=top_logprobs[row, :length].to(torch.float16),
+                stopped=reply[length - 1] in stop_ids,
+                sampled_mass=1.0,  # sampled from the whole distribution
             )
         )
-    return sequences
+    return replies
 
 
 def stop_token_ids(target: LoadedModel) -> frozenset[int]:
     """Every id the target's configs and tokenizer call end-of-sequence."""
-    ids: set[int] = set()
-    for source in (target.model.generation_config, target.model.config, target.tokenizer):
-        eos = getattr(source, "eos_token_id", None)
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif isinstance(eos, (list, tuple)):
-            ids.update(int(token_id) for token_id in eos)
+    ids = target.stop_token_ids
     if not ids:
         raise TandemError("The target names no end-of-sequence token, so its replies would never end.")
-    return frozenset(ids)
+    return ids
 
 
 def pad_token_id(tokenizer: Any, stop_ids: frozenset[int]) -> int:

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
+from ..runtime.reduced_vocabulary import ReducedVocabulary
+
 INITS = ("pca", "random")
 
 
@@ -43,10 +45,19 @@ PRESETS: dict[str, DraftShape] = {
 }
 
 
-def draft_config(target_config: Any, shape: DraftShape) -> LlamaConfig:
-    """A Llama config of `shape` that shares the target's vocabulary, special ids and RoPE."""
+def draft_config(target_config: Any, shape: DraftShape, vocabulary: ReducedVocabulary | None = None) -> LlamaConfig:
+    """A Llama config of `shape` that shares the target's vocabulary (or `vocabulary`'s part
+    of it), special ids and RoPE."""
+
+    def special(token_id: Any) -> Any:
+        if vocabulary is None or token_id is None:
+            return token_id
+        if isinstance(token_id, (list, tuple)):
+            return [special(one) for one in token_id]
+        return vocabulary.to_model_ids([int(token_id)])[0]
+
     return LlamaConfig(
-        vocab_size=target_config.vocab_size,
+        vocab_size=target_config.vocab_size if vocabulary is None else vocabulary.size,
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
         num_hidden_layers=shape.layers,
@@ -58,23 +69,32 @@ def draft_config(target_config: Any, shape: DraftShape) -> LlamaConfig:
         rms_norm_eps=getattr(target_config, "rms_norm_eps", 1e-5),
         # Tied: the vocabulary × width matrix is most of a narrow draft's weights and time.
         tie_word_embeddings=True,
-        bos_token_id=target_config.bos_token_id,
-        eos_token_id=target_config.eos_token_id,
-        pad_token_id=getattr(target_config, "pad_token_id", None),
+        bos_token_id=special(target_config.bos_token_id),
+        eos_token_id=special(target_config.eos_token_id),
+        pad_token_id=special(getattr(target_config, "pad_token_id", None)),
     )
 
 
-def build_draft(target: PreTrainedModel, shape: DraftShape, init: str, seed: int) -> LlamaForCausalLM:
-    """A fresh fp32 draft for `target`; `init` "pca" starts its embeddings from the target's."""
+def build_draft(
+    target: PreTrainedModel, shape: DraftShape, init: str, seed: int, vocabulary: ReducedVocabulary | None = None
+) -> LlamaForCausalLM:
+    """A fresh fp32 draft for `target`; `init` "pca" starts its embeddings from the target's.
+    With `vocabulary`, the draft knows only its kept tokens and one row for all others."""
     if init not in INITS:
         raise ValueError(f"unknown init {init!r}; choose one of {', '.join(INITS)}")
     # transformers' initialisers draw from the global generator: seed a private fork of it.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        draft = LlamaForCausalLM(draft_config(target.config, shape))
+        draft = LlamaForCausalLM(draft_config(target.config, shape, vocabulary))
     if init == "pca":
+        projected = projected_embeddings(target, shape.hidden_size)
+        if vocabulary is not None:
+            kept = torch.zeros(projected.shape[0], dtype=torch.bool)
+            kept[list(vocabulary.kept_ids)] = True
+            # the shared row stands for every other token: their mean
+            projected = torch.cat([projected[list(vocabulary.kept_ids)], projected[~kept].mean(0, keepdim=True)])
         with torch.no_grad():
-            draft.get_input_embeddings().weight.copy_(projected_embeddings(target, shape.hidden_size))
+            draft.get_input_embeddings().weight.copy_(projected)
     return draft
 
 

@@ -31,12 +31,22 @@ from ..config import ConfigError, ModelSpec
 from ..errors import ModelLoadError
 from ..gguf_export import DRAFT_PRECISION, export_gguf
 from ..models import LoadedModel, load_model, load_tokenizer_only, resolve_source
-from .data import GenerationSettings, generate_split, load_split, split_prompts
+from ..models import runtime_gguf
+from ..runtime import llamacpp_library
+from .data import GenerationSettings, TorchBatchWriter, generate_split, load_split, split_prompts
+from .llamacpp_batch import LlamaCppBatchWriter
+from .prompts import synthesize_prompts
+from .replies import ReplyWriter
+from .vocabulary import choose_vocabulary, coverage, in_model_ids
+from ..runtime.reduced_vocabulary import ReducedVocabulary
 from .model import INITS, PRESETS, build_draft, forward_ms, shape_summary
 from .train import StepReport, Trainer, TrainSettings, evaluate
 
 WORK_FOLDER = "distill-work"
 RUN_FILE = "run.json"
+DATA_DONE_FILE = "data-done.json"  # written once every shard is there, with the generation's figures
+GENERATION_LOG = "generation-log.jsonl"  # what each invocation generated, and how fast
+MAX_PROMPT_TOKENS = 256  # prompts longer than this (chat template included) are left out
 REPORT_FILE = "report.json"
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "resources" / "prompts" / "distill_prompts.jsonl"
 DEFAULT_TOKENS = {"tiny": 20_000, "small": 1_000_000}
@@ -60,6 +70,8 @@ class RunSettings:
     heldout_tokens: int = 10_000
     init: str = "pca"
     prompts: str = str(DEFAULT_PROMPTS)
+    synthetic_prompts: int = 0  # prompts the target writes itself, beside the prompts file's
+    vocabulary: int = 0  # tokens a reduced draft keeps (0: the target's whole vocabulary)
     generation: GenerationSettings = field(default_factory=GenerationSettings)
     training: TrainSettings = field(default_factory=TrainSettings)
 
@@ -70,6 +82,12 @@ class RunSettings:
             raise ConfigError(f"unknown init {self.init!r}; choose one of {', '.join(INITS)}")
         if self.tokens < 1 or self.heldout_tokens < 1:
             raise ConfigError("the number of tokens must be at least 1")
+        if self.vocabulary < 0:
+            raise ConfigError("the vocabulary size cannot be negative")
+        if self.synthetic_prompts < 0:
+            raise ConfigError("the number of synthetic prompts cannot be negative")
+        if self.generation.batch_size < 1:
+            raise ConfigError("the batch size must be at least 1")
         if self.generation.max_new_tokens < 1:
             raise ConfigError("max_new_tokens must be at least 1")
         if self.training.epochs <= 0:
@@ -157,28 +175,46 @@ class Distillation:
         message(f"Loading the target {settings.target}…")
         # Batched sampling and training read the torch model itself.
         target = load_model(ModelSpec(settings.target, TARGET_PRECISION, self.device), runtime="torch")
-        timings: dict[str, float | None] = {}
 
-        # 1. the target writes the data: held-out replies first, so the untrained draft can be scored
-        train_prompts, heldout_prompts = split_prompts(read_prompts(Path(settings.prompts)))
-        for phase, name, prompts, budget in (
-            ("held-out data", "heldout", heldout_prompts, settings.heldout_tokens),
-            ("training data", "train", train_prompts, settings.tokens),
-        ):
-            generated = _Counter(phase, budget, progress)
-            complete = generate_split(
-                target, prompts, self.work_dir, name, budget, settings.generation, should_stop, generated.add
-            )
-            timings[f"{name}_generation_tokens_per_s"] = generated.rate()
-            if not complete:
-                return Outcome("stopped")
+        # 1. the target writes the data: its own prompts, then replies (held-out ones first,
+        # so the untrained draft can be scored)
+        if not self._data_complete():
+            writer = self._reply_writer(target, message)
+            try:
+                prompts = self._prompts(writer, target, should_stop, progress)
+                if prompts is None:
+                    return Outcome("stopped")
+                train_prompts, heldout_prompts = split_prompts(prompts)
+                for phase, name, split, budget in (
+                    ("held-out data", "heldout", heldout_prompts, settings.heldout_tokens),
+                    ("training data", "train", train_prompts, settings.tokens),
+                ):
+                    generated = _Counter(phase, budget, progress)
+                    outcome = generate_split(
+                        writer, target.tokenizer, split, self.work_dir, name, budget, settings.generation,
+                        target.stop_token_ids, should_stop, generated.add,
+                    )
+                    self._log_generation(name, generated, outcome.sampled_mass)
+                    if not outcome.complete:
+                        return Outcome("stopped")
+            finally:
+                writer.close()
+            (self.work_dir / DATA_DONE_FILE).write_text(json.dumps(self._generation_summary(), indent=2), encoding="utf-8")
+        generation_report = self._generation_summary()
 
         # 2. the draft learns from it
         train_data = load_split(self.work_dir, "train")
         heldout_data = load_split(self.work_dir, "heldout")
+        vocabulary, vocabulary_report = None, {}
+        if settings.vocabulary:
+            # chosen from the training replies alone, so held-out coverage is an honest figure
+            vocabulary = choose_vocabulary(train_data, settings.vocabulary, target.tokenizer, target.model.config.vocab_size)
+            vocabulary_report = {"vocabulary": vocabulary.size, "heldout_coverage": coverage(heldout_data, vocabulary)}
+            train_data, heldout_data = in_model_ids(train_data, vocabulary), in_model_ids(heldout_data, vocabulary)
+        unproposable = vocabulary.other_id if vocabulary is not None else None
         shape = PRESETS[settings.size]
-        draft = build_draft(target.model, shape, settings.init, settings.training.seed)
-        trainer = Trainer(draft, train_data, heldout_data, settings.training, self.work_dir, target.device)
+        draft = build_draft(target.model, shape, settings.init, settings.training.seed, vocabulary)
+        trainer = Trainer(draft, train_data, heldout_data, settings.training, self.work_dir, target.device, unproposable)
         if trainer.resume():
             message(f"Resuming training at step {trainer.step} of {trainer.total_steps}.")
 
@@ -192,12 +228,13 @@ class Distillation:
 
         # 3. the finished draft, loadable like any Hugging Face model folder
         message("Scoring the draft and writing it…")
-        final = evaluate(trainer.draft, heldout_data, target.device)
-        self._save_draft(trainer.draft, target)
+        final = evaluate(trainer.draft, heldout_data, target.device, unproposable_id=unproposable)
+        self._save_draft(trainer.draft, target, vocabulary)
         report = {
             "target": settings.target,
             "size": settings.size,
-            "shape": shape_summary(shape, target.model.config.vocab_size),
+            "shape": shape_summary(shape, draft.config.vocab_size),
+            **vocabulary_report,
             "init": settings.init,
             "steps": outcome.step,
             "training_tokens": sum(sequence.reply_length for sequence in train_data),
@@ -208,16 +245,72 @@ class Distillation:
             "heldout_agreement_initial": outcome.initial_heldout["agreement"],
             "heldout_agreement": final["agreement"],
             "training_tokens_per_s": outcome.tokens_per_s or None,
-            **timings,
+            **generation_report,
             **_forward_costs(trainer.draft, target),
         }
         (self.out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2), encoding="utf-8")
         return Outcome("finished", outcome.step, outcome.total_steps, report)
 
-    def _save_draft(self, draft: torch.nn.Module, target: LoadedModel) -> None:
+    def _data_complete(self) -> bool:
+        return (self.work_dir / DATA_DONE_FILE).exists()
+
+    def _reply_writer(self, target: LoadedModel, message: Callable[[str], None]) -> ReplyWriter:
+        """Continuous batching on llama.cpp where the target has a GGUF file and runs on the
+        CPU (3× batched torch there); batched torch elsewhere (a GPU's batch is nearly free)."""
+        generation = self.settings.generation
+        spec = ModelSpec(self.settings.target)
+        gguf = runtime_gguf(spec, "auto") if target.device.type == "cpu" else None
+        if gguf is None:
+            message(f"Writing replies with torch on {target.device.type}, {generation.batch_size} at a time.")
+            return TorchBatchWriter(target, generation.batch_size)
+        # F16 holds a Q4/Q8 file's weights exactly and batches faster than Q8_0 on a CPU.
+        gguf = llamacpp_library.quantised_copy(gguf, "fp16")
+        message(f"Writing replies with llama.cpp ({gguf.name}), {generation.batch_size} at a time.")
+        return LlamaCppBatchWriter(gguf, generation.batch_size, MAX_PROMPT_TOKENS + generation.max_new_tokens)
+
+    def _prompts(self, writer, target, should_stop, progress) -> list[str] | None:
+        """The prompts file's prompts, then as many as asked for that the target wrote itself."""
+        given = read_prompts(Path(self.settings.prompts))
+        count = self.settings.synthetic_prompts
+        if not count:
+            return given
+        written = _Counter("prompts", count, progress)
+        synthetic = synthesize_prompts(
+            writer, target.tokenizer, count, self.work_dir, self.settings.generation.seed,
+            target.stop_token_ids, given, should_stop, written.add,
+        )
+        self._log_generation("prompts", written, None)
+        return None if synthetic is None else given + synthetic
+
+    def _log_generation(self, phase: str, counter: _Counter, sampled_mass: float | None) -> None:
+        """One line per invocation and phase, so that a run stopped and resumed still
+        reports what its data cost in all."""
+        if counter.new_tokens:
+            entry = {"phase": phase, "new": counter.new_tokens, "seconds": counter.seconds(), "sampled_mass": sampled_mass}
+            with (self.work_dir / GENERATION_LOG).open("a", encoding="utf-8") as log:
+                log.write(json.dumps(entry) + "\n")
+
+    def _generation_summary(self) -> dict[str, Any]:
+        path = self.work_dir / GENERATION_LOG
+        entries = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()] if path.exists() else []
+        summary: dict[str, Any] = {}
+        for phase in ("prompts", "heldout", "train"):
+            mine = [entry for entry in entries if entry["phase"] == phase]
+            new, seconds = sum(entry["new"] for entry in mine), sum(entry["seconds"] for entry in mine)
+            if not new:
+                continue
+            summary[f"{phase}_generation"] = {"written": new, "seconds": seconds, "per_s": new / seconds if seconds else None}
+            weighted = [(entry["sampled_mass"], entry["new"]) for entry in mine if entry["sampled_mass"] is not None]
+            if weighted:
+                summary[f"{phase}_generation"]["sampled_mass"] = sum(mass * count for mass, count in weighted) / sum(count for _, count in weighted)
+        return summary
+
+    def _save_draft(self, draft: torch.nn.Module, target: LoadedModel, vocabulary: ReducedVocabulary | None) -> None:
         # Stored in bf16: half the file (the demo draft must ship in under 40 MB); it runs in
         # whatever precision its pair asks for.
         copy.deepcopy(draft).to(torch.bfloat16).save_pretrained(self.out_dir)
+        if vocabulary is not None:
+            vocabulary.save(self.out_dir)
         source = resolve_source(ModelSpec(self.settings.target))
         copied = [name for name in TOKENIZER_FILES if (source / name).is_file()]
         for name in copied:
@@ -248,10 +341,8 @@ class _Counter:
         self.done += tokens
         self.progress(Progress(self.phase, min(self.done, self.total), self.total))
 
-    def rate(self) -> float | None:
-        if not self.new_tokens or self.started is None:
-            return None
-        return self.new_tokens / (time.perf_counter() - self.started)
+    def seconds(self) -> float:
+        return time.perf_counter() - self.started if self.started is not None else 0.0
 
 
 def _forward_costs(draft: torch.nn.Module, target: LoadedModel) -> dict[str, float]:

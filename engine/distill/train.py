@@ -142,8 +142,12 @@ def autocast(device: torch.device):
 
 
 @torch.inference_mode()
-def evaluate(draft: LlamaForCausalLM, sequences: list[Sequence], device: torch.device, batch_size: int = 16) -> dict[str, float]:
-    """Held-out KL and greedy agreement (draft argmax == target argmax), per reply position."""
+def evaluate(
+    draft: LlamaForCausalLM, sequences: list[Sequence], device: torch.device, batch_size: int = 16, unproposable_id: int | None = None
+) -> dict[str, float]:
+    """Held-out KL and greedy agreement (draft argmax == target argmax), per reply position.
+    `unproposable_id` is a reduced draft's shared id for every token it does not keep: it is
+    never proposed, so it never agrees."""
     was_training = draft.training
     draft.eval()
     kl_sum, agree, positions = 0.0, 0, 0
@@ -154,6 +158,8 @@ def evaluate(draft: LlamaForCausalLM, sequences: list[Sequence], device: torch.d
         losses = distill_losses(logits, batch)
         count = batch.sampled.shape[0]
         kl_sum += float(losses["kl"]) * count
+        if unproposable_id is not None:
+            logits[:, unproposable_id] = float("-inf")
         agree += int((logits.argmax(-1) == batch.top_ids[:, 0]).sum())
         positions += count
     draft.train(was_training)
@@ -171,6 +177,7 @@ class Trainer:
         settings: TrainSettings,
         folder: Path,
         device: torch.device,
+        unproposable_id: int | None = None,
     ):
         if not train_data:
             raise TandemError("There is no training data: the target wrote no replies.")
@@ -180,6 +187,7 @@ class Trainer:
         self.settings = settings
         self.folder = folder
         self.device = device
+        self.unproposable_id = unproposable_id
         self.total_steps = total_steps(len(train_data), settings)
         self.optimizer = torch.optim.AdamW(
             _parameter_groups(draft, settings.weight_decay), lr=settings.learning_rate, betas=(0.9, 0.95)
@@ -233,7 +241,7 @@ class Trainer:
     ) -> TrainOutcome:
         """Train until the last step, a stop request, or step `max_steps`; checkpoint on leaving."""
         if not self.initial_heldout:
-            self.initial_heldout = evaluate(self.draft, self.heldout_data, self.device)
+            self.initial_heldout = evaluate(self.draft, self.heldout_data, self.device, unproposable_id=self.unproposable_id)
         last_step = self.total_steps if max_steps is None else min(self.total_steps, max_steps)
         self.draft.train()
         tokens, seconds = 0, 0.0

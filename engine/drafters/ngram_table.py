@@ -15,7 +15,8 @@ from tqdm import tqdm
 from ..bench import read_prompts
 from ..chat_prompt import Message, encode_conversation
 from ..config import DEVICES, ModelSpec
-from ..distill.data import GenerationSettings, pad_token_id, sample_replies, stop_token_ids
+from ..distill.data import GenerationSettings, TorchBatchWriter, stop_token_ids
+from ..distill.replies import Job
 from ..distill.pipeline import DEFAULT_PROMPTS
 from ..models import LoadedModel, load_model
 from .backoff_ngram import TABLE_FILE, NgramCounts
@@ -31,22 +32,22 @@ def build_table(
     """Count the n-grams of the draft's sampled replies to `prompts` until `tokens` reply
     tokens; returns the pruned counts and the number of tokens counted."""
     settings = GenerationSettings(temperature=temperature, stored_top_k=1, seed=seed)
-    stop_ids = stop_token_ids(draft)
-    pad_id = pad_token_id(draft.tokenizer, stop_ids)
+    writer = TorchBatchWriter(draft, settings.batch_size)
+    encoded = [encode_conversation(draft.tokenizer, [Message("user", prompt)]) for prompt in prompts]
     counts = NgramCounts()
-    counted, batch_index = 0, 0
-    while counted < tokens:
-        first = batch_index * settings.batch_size
-        batch = [prompts[(first + offset) % len(prompts)] for offset in range(settings.batch_size)]
-        prompt_ids = [encode_conversation(draft.tokenizer, [Message("user", prompt)]) for prompt in batch]
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + batch_index)
-        for sequence in sample_replies(draft, prompt_ids, settings, stop_ids, pad_id, generator, lambda: False):
-            reply = sequence.token_ids.tolist()
-            # The prompt's last two tokens give the reply's first tokens their histories.
-            counts.add(reply, start=sequence.prompt_length)
-            counted += sequence.reply_length
-            progress(sequence.reply_length)
-        batch_index += 1
+    counted = 0
+
+    def jobs():
+        key = 0
+        while counted < tokens:
+            yield Job(key, encoded[key % len(encoded)], torch.Generator().manual_seed(seed * 1_000_003 + key))
+            key += 1
+
+    for reply in writer.write(jobs(), settings.max_new_tokens, temperature, 1, stop_token_ids(draft)):
+        # The prompt's last two tokens give the reply's first tokens their histories.
+        counts.add(reply.prompt_ids + reply.reply_ids, start=len(reply.prompt_ids))
+        counted += len(reply.reply_ids)
+        progress(len(reply.reply_ids))
     counts.prune(MIN_TRIGRAM_COUNT)
     return counts, counted
 

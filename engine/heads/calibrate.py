@@ -125,8 +125,19 @@ def _record(pair, settings: CalibrationSettings, chosen: list[str], heldout_prom
 def _recording_path(pair, settings: CalibrationSettings, prompts: list[str]) -> Path:
     from ..paths import cache_dir
 
-    identity = json.dumps([pair.target.label, pair.target.precision, pair.draft.label, dataclasses.asdict(dataclasses.replace(settings, training_steps=0)), prompts])
+    identity = json.dumps([
+        pair.target.label, pair.target.precision, pair.draft.label, _weights_identity(pair.draft.folder),
+        dataclasses.asdict(dataclasses.replace(settings, training_steps=0)), prompts,
+    ])
     return cache_dir() / "calibration" / f"{hashlib.sha256(identity.encode()).hexdigest()[:16]}.pt"
+
+
+def _weights_identity(folder: Path | None) -> list:
+    """What tells a retrained draft from the one recorded before, under the same name."""
+    if folder is None:
+        return []
+    files = sorted(path for pattern in ("*.safetensors", "*.gguf", "*.json") for path in folder.glob(pattern))
+    return [(path.name, path.stat().st_size, path.stat().st_mtime_ns) for path in files]
 
 
 def train_heads(train: dict[str, Examples], heldout: dict[str, Examples], settings: CalibrationSettings,

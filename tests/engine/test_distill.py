@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from engine.compat import check_pair_compatible
 from engine.config import ConfigError, ModelSpec
-from engine.distill import command
+from engine.distill import command, data
 from engine.distill.command import add_distill_command
 from engine.distill.pipeline import Distillation, Progress
 from engine.distill.train import CHECKPOINT_NAME
@@ -143,33 +143,41 @@ def test_an_interrupted_run_resumes_from_its_checkpoint(tiny_target, prompts_fil
     assert all(torch.equal(final[name], uninterrupted[name]) for name in final)
 
 
-def test_data_generation_resumes_with_the_same_replies(tiny_target, prompts_file, tmp_path, finished_run):
+def test_data_generation_resumes_with_the_same_replies(tiny_target, prompts_file, tmp_path, finished_run, monkeypatch):
+    monkeypatch.setattr(data, "SHARD_SEQUENCES", 16)
     out = tmp_path / "draft"
     assert distill(*start_arguments(tiny_target, out, prompts_file), "--stop-after-steps", "0") == 0
     work = out / "distill-work"
     shards = sorted(work.glob("train-*.pt"))
-    assert len(shards) > 2
+    assert len(shards) > 3
+    kept = {sequence.key for shard in shards[:2] for sequence in data.load_shard(shard)}
+    (work / "data-done.json").unlink()
     for shard in shards[2:]:
         shard.unlink()  # as if stopped while writing the third shard
 
-    counts: list[int] = []
+    # Stopped again after the first new batch of replies: the finished ones are kept.
+    written: list[int] = []
 
-    def stop_after_one_new_batch(progress: Progress) -> None:
+    def count(progress: Progress) -> None:
         if progress.phase == "training data":
-            counts.append(progress.done)  # the first count is what the shards on disk hold
+            written.append(progress.done)
 
-    def stop_requested() -> bool:
-        return len(counts) > 1
-
-    stopped = Distillation.resume(out, "cpu").run(stop_requested, stop_after_one_new_batch)
+    stopped = Distillation.resume(out, "cpu").run(lambda: len(written) > 3, count)
     assert stopped.status == "stopped"
-    assert len(list(work.glob("train-*.pt"))) == 3
+    assert 2 < len(list(work.glob("train-*.pt"))) < len(shards)
     assert Distillation.resume(out, "cpu").run(max_steps=0).status == "paused"
-    for shard in shards:
-        assert torch.equal(
-            torch.load(shard, weights_only=True)["sequences"][0]["top_logprobs"],
-            torch.load(finished_run / "distill-work" / shard.name, weights_only=True)["sequences"][0]["top_logprobs"],
-        )
+
+    # Every reply is written once, and a reply's key decides it: the resumed run wrote the
+    # same replies as the uninterrupted one, whatever batches they shared.
+    resumed = {sequence.key: sequence for sequence in data.load_split(work, "train")}
+    original = {sequence.key: sequence for sequence in data.load_split(finished_run / "distill-work", "train")}
+    assert len(resumed) == sum(1 for _ in data.load_split(work, "train"))
+    assert kept <= set(resumed)
+    shared = set(resumed) & set(original)
+    assert len(shared) > 0.9 * len(original)
+    for key in shared:
+        assert torch.equal(resumed[key].token_ids, original[key].token_ids)
+        torch.testing.assert_close(resumed[key].top_logprobs, original[key].top_logprobs, atol=1e-2, rtol=0)
 
 
 def test_resume_needs_a_run_to_resume(tmp_path):
@@ -201,4 +209,41 @@ def test_the_ngram_table_is_built_from_the_draft_and_found_by_the_pair(finished_
 
     reference = reply("ar")
     for method in ("staged", "tree", "ngram"):
+        assert reply(method) == reference, method
+
+
+def test_a_reduced_vocabulary_draft_is_trained_saved_and_decodes_exactly(tiny_target, prompts_file, tmp_path):
+    """--vocabulary keeps the tokens the target writes most: the draft's embedding and output
+    layer shrink to them plus one shared row, the folder says which they are, and a pair
+    with that draft (its n-gram table too) still decodes exactly what the target alone does."""
+    from engine.cli import main
+    from engine.config import DecodeSettings, PairConfig
+    from engine.chat_prompt import Message
+    from engine.events import Finished
+    from engine.runtime.reduced_vocabulary import VOCABULARY_FILE
+    from engine.session import load_pair
+
+    out = tmp_path / "reduced"
+    assert distill(*start_arguments(tiny_target, out, prompts_file), "--vocabulary", "24") == 0
+    report = json.loads((out / "report.json").read_text())
+    kept = json.loads((out / VOCABULARY_FILE).read_text())["kept_ids"]
+    assert len(kept) >= 24 and report["vocabulary"] == len(kept) + 1
+    assert 0 < report["heldout_coverage"]["first_choice"] <= 1
+    assert weights(out)["model.embed_tokens.weight"].shape[0] == len(kept) + 1
+    assert report["heldout_agreement"] > report["heldout_agreement_initial"]
+
+    assert main(["ngram-table", "--draft", str(out), "--tokens", "300", "--prompts", str(prompts_file), "--device", "cpu"]) == 0
+    pair = load_pair(PairConfig("tiny", ModelSpec(str(tiny_target), "fp32", "cpu"), ModelSpec(str(out), "fp32", "cpu")))
+    assert pair.draft.vocabulary is not None and len(pair.draft.vocabulary.kept_ids) == len(kept)
+    table_tokens = {token for history in pair.ngram_model.background.after.values() for token in history}
+    assert table_tokens <= set(kept), "the draft's replies hold only tokens it keeps, in the tokenizer's ids"
+
+    def reply(method: str) -> tuple[int, ...]:
+        pair.reset_caches()
+        settings = DecodeSettings(method=method, max_new_tokens=20, tree_shape="12x4")
+        events = list(pair.generate([Message("user", "w1 w2 w3")], settings))
+        return next(e for e in events if isinstance(e, Finished)).token_ids
+
+    reference = reply("ar")
+    for method in ("chain", "tree", "staged"):
         assert reply(method) == reference, method
