@@ -100,6 +100,7 @@ class LlamaCppBatchWriter:
     def _write(self, jobs, max_new_tokens, temperature, stored_top_k, stop_ids, should_stop) -> Iterator[Reply]:
         longest_prompt = self.sequence_tokens - max_new_tokens
         waiting = iter(jobs)
+        held: Job | None = None  # a job taken that did not fit the last prompt decode
         running: dict[int, _Running] = {}
         free = list(range(self.slots - 1, -1, -1))
         # Prompts are fed in decodes of their own: llama.cpp splits a batch whose sequences
@@ -113,14 +114,14 @@ class LlamaCppBatchWriter:
             prompts: list[tuple[int, int, int, bool]] = []
             if not exhausted and (len(free) >= refill_at or not running):
                 while free:
-                    job = next(waiting, None)
+                    job, held = held or next(waiting, None), None
                     if job is None:
                         exhausted = True
                         break
                     if not 0 < len(job.prompt_ids) <= longest_prompt:
                         raise ValueError(f"a prompt of {len(job.prompt_ids)} tokens does not fit a {self.sequence_tokens}-token sequence with {max_new_tokens} new tokens")
                     if len(prompts) + len(job.prompt_ids) > self.batch_tokens:
-                        waiting = _put_back(job, waiting)
+                        held = job  # it starts in the next prompt decode
                         break
                     slot = free.pop()
                     self._llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
@@ -208,7 +209,3 @@ def _finished(state: _Running, stopped: bool) -> Reply:
         sampled_mass=state.mass / max(len(state.reply), 1),
     )
 
-
-def _put_back(job: Job, rest: Iterator[Job]) -> Iterator[Job]:
-    yield job
-    yield from rest

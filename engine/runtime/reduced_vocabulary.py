@@ -35,6 +35,7 @@ class ReducedVocabulary:
     kept_ids: tuple[int, ...]
     full_size: int  # the tokenizer's (and the target's) vocabulary
     _to_model: np.ndarray = field(init=False, repr=False, compare=False)
+    _kept_index: torch.Tensor = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(set(self.kept_ids)) != len(self.kept_ids) or not all(0 <= token < self.full_size for token in self.kept_ids):
@@ -42,6 +43,8 @@ class ReducedVocabulary:
         table = np.full(self.full_size, len(self.kept_ids), dtype=np.int64)
         table[list(self.kept_ids)] = np.arange(len(self.kept_ids))
         object.__setattr__(self, "_to_model", table)
+        # built once: `full_logits` runs on every draft call
+        object.__setattr__(self, "_kept_index", torch.tensor(self.kept_ids, dtype=torch.long))
 
     @property
     def other_id(self) -> int:
@@ -61,7 +64,7 @@ class ReducedVocabulary:
         """(n, size) model logits -> (n, full_size): the kept tokens' logits, −inf elsewhere
         (the shared "other" row is never proposed)."""
         full = torch.full((*model_logits.shape[:-1], self.full_size), float("-inf"), dtype=model_logits.dtype, device=model_logits.device)
-        full[..., torch.tensor(self.kept_ids, device=model_logits.device)] = model_logits[..., : self.other_id]
+        full[..., self._kept_index.to(model_logits.device)] = model_logits[..., : self.other_id]
         return full
 
     def save(self, folder: Path) -> None:

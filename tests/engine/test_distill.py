@@ -14,7 +14,9 @@ import torch
 from safetensors.torch import load_file
 
 from engine.compat import check_pair_compatible
-from engine.config import ConfigError, ModelSpec
+from engine.chat_prompt import Message
+from engine.config import ConfigError, DecodeSettings, ModelSpec, PairConfig
+from engine.events import Finished
 from engine.distill import command, data
 from engine.distill.command import add_distill_command
 from engine.distill.pipeline import Distillation, Progress
@@ -72,6 +74,13 @@ def start_arguments(target: Path, out: Path, prompts: Path) -> list[str]:
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(folder / "model.safetensors")
+
+
+def greedy_reply(pair, method: str) -> tuple[int, ...]:
+    pair.reset_caches()
+    settings = DecodeSettings(method=method, max_new_tokens=20, tree_shape="12x4")
+    events = list(pair.generate([Message("user", "w1 w2 w3")], settings))
+    return next(event for event in events if isinstance(event, Finished)).token_ids
 
 
 @pytest.fixture(scope="module")
@@ -189,10 +198,7 @@ def test_the_ngram_table_is_built_from_the_draft_and_found_by_the_pair(finished_
     """`tandem ngram-table` counts the draft's own replies into its folder; a pair with that
     draft loads the table as the second stage's background and decodes `staged` exactly."""
     from engine.cli import main
-    from engine.config import DecodeSettings, PairConfig
-    from engine.chat_prompt import Message
     from engine.drafters.backoff_ngram import TABLE_FILE
-    from engine.events import Finished
     from engine.session import load_pair
 
     assert main(["ngram-table", "--draft", str(finished_run), "--tokens", "400", "--prompts", str(prompts_file), "--device", "cpu"]) == 0
@@ -201,15 +207,9 @@ def test_the_ngram_table_is_built_from_the_draft_and_found_by_the_pair(finished_
     assert pair.ngram_model.background.after, "the pair did not load the draft's table"
     assert set(pair.methods) == {"ar", "chain", "ngram", "tree", "staged"}
 
-    def reply(method: str) -> tuple[int, ...]:
-        pair.reset_caches()
-        settings = DecodeSettings(method=method, max_new_tokens=20, tree_shape="12x4")
-        events = list(pair.generate([Message("user", "w1 w2 w3")], settings))
-        return next(e for e in events if isinstance(e, Finished)).token_ids
-
-    reference = reply("ar")
+    reference = greedy_reply(pair, "ar")
     for method in ("staged", "tree", "ngram"):
-        assert reply(method) == reference, method
+        assert greedy_reply(pair, method) == reference, method
 
 
 def test_a_reduced_vocabulary_draft_is_trained_saved_and_decodes_exactly(tiny_target, prompts_file, tmp_path):
@@ -217,9 +217,6 @@ def test_a_reduced_vocabulary_draft_is_trained_saved_and_decodes_exactly(tiny_ta
     layer shrink to them plus one shared row, the folder says which they are, and a pair
     with that draft (its n-gram table too) still decodes exactly what the target alone does."""
     from engine.cli import main
-    from engine.config import DecodeSettings, PairConfig
-    from engine.chat_prompt import Message
-    from engine.events import Finished
     from engine.runtime.reduced_vocabulary import VOCABULARY_FILE
     from engine.session import load_pair
 
@@ -238,12 +235,6 @@ def test_a_reduced_vocabulary_draft_is_trained_saved_and_decodes_exactly(tiny_ta
     table_tokens = {token for history in pair.ngram_model.background.after.values() for token in history}
     assert table_tokens <= set(kept), "the draft's replies hold only tokens it keeps, in the tokenizer's ids"
 
-    def reply(method: str) -> tuple[int, ...]:
-        pair.reset_caches()
-        settings = DecodeSettings(method=method, max_new_tokens=20, tree_shape="12x4")
-        events = list(pair.generate([Message("user", "w1 w2 w3")], settings))
-        return next(e for e in events if isinstance(e, Finished)).token_ids
-
-    reference = reply("ar")
+    reference = greedy_reply(pair, "ar")
     for method in ("chain", "tree", "staged"):
-        assert reply(method) == reference, method
+        assert greedy_reply(pair, method) == reference, method
