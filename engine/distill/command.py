@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from ..config import DEVICES, ConfigError
 from .data import GenerationSettings
-from .model import INITS, PRESETS
+from .model import DEFAULT_PREFIX_LAYERS, INITS, PREFIX, SIZES
 from .pipeline import DEFAULT_PROMPTS, DEFAULT_TOKENS, Distillation, Progress, RunSettings, default_heldout_tokens
 from .train import TrainSettings
 
@@ -34,7 +34,15 @@ def add_distill_command(subparsers: Any) -> None:
     )
     parser.add_argument("--target", help="the target: demo-target, a model folder, a .gguf file or a repo id")
     parser.add_argument("--out", type=Path, required=True, help="output folder: the draft, report.json and the run's work files")
-    parser.add_argument("--size", choices=tuple(PRESETS), help="draft size (default: small; tiny is for tests)")
+    parser.add_argument(
+        "--size", choices=SIZES,
+        help=f"draft shape (default: small, 4 layers × 256 trained from scratch; {PREFIX}: the target's own first "
+        "--layers layers at its width, started from its weights, which learns far faster; tiny is for tests)",
+    )
+    parser.add_argument(
+        "--layers", type=int, metavar="N",
+        help=f"with --size {PREFIX}: how many of the target's layers the draft keeps (default: {DEFAULT_PREFIX_LAYERS})",
+    )
     parser.add_argument("--tokens", type=int, help="target reply tokens to train on (default: 1,000,000 for small)")
     parser.add_argument("--device", choices=DEVICES, default="auto", help="where to run (default: auto)")
     parser.add_argument("--resume", action="store_true", help="continue the run in --out from where it stopped")
@@ -56,6 +64,7 @@ def add_distill_command(subparsers: Any) -> None:
     )
     parser.add_argument("--max-new-tokens", type=int, help="longest target reply (default: 256)")
     parser.add_argument("--epochs", type=float, help="passes over the data (default: 2)")
+    parser.add_argument("--learning-rate", type=float, metavar="LR", help="peak AdamW learning rate (default: 0.002)")
     parser.add_argument("--init", choices=INITS, help="draft embeddings: pca of the target's (default) or random")
     parser.add_argument("--seed", type=int, help="seed for sampling and training (default: 0)")
     parser.add_argument("--stop-after-steps", type=int, metavar="N", help="pause after training step N; continue with --resume")
@@ -72,8 +81,9 @@ def run_distill(args: argparse.Namespace) -> int:
             raise ConfigError("--target is required (unless --resume continues an earlier run)")
         distillation = Distillation.start(out_dir, _settings_from_args(args), args.device)
     settings = distillation.settings
+    size = f"{settings.size} ({settings.layers}-layer)" if settings.size == PREFIX else settings.size
     print(
-        f"Distilling a {settings.size} draft from {settings.target} into {out_dir}: "
+        f"Distilling a {size} draft from {settings.target} into {out_dir}: "
         f"{settings.tokens:,} reply tokens from the target, then {settings.training.epochs:g} epochs of training.",
         file=sys.stderr,
     )
@@ -101,6 +111,8 @@ def run_distill(args: argparse.Namespace) -> int:
 
 def _settings_from_args(args: argparse.Namespace) -> RunSettings:
     size = args.size or "small"
+    if args.layers is not None and size != PREFIX:
+        raise ConfigError(f"--layers is for --size {PREFIX}; a {size} draft has a fixed shape")
     tokens = args.tokens if args.tokens is not None else DEFAULT_TOKENS[size]
     return RunSettings(
         target=_target_source(args.target),
@@ -108,11 +120,12 @@ def _settings_from_args(args: argparse.Namespace) -> RunSettings:
         tokens=tokens,
         heldout_tokens=default_heldout_tokens(tokens),
         init=args.init or "pca",
+        **_given(layers=args.layers),
         prompts=str(args.prompts.expanduser().resolve()) if args.prompts else str(DEFAULT_PROMPTS),
         synthetic_prompts=args.synthetic_prompts or 0,
         vocabulary=args.vocabulary or 0,
         generation=GenerationSettings(**_given(max_new_tokens=args.max_new_tokens, seed=args.seed, batch_size=args.batch_size)),
-        training=TrainSettings(**_given(epochs=args.epochs, seed=args.seed)),
+        training=TrainSettings(**_given(epochs=args.epochs, seed=args.seed, learning_rate=args.learning_rate)),
     )
 
 
@@ -134,6 +147,8 @@ def _check_unchanged(args: argparse.Namespace, settings: RunSettings) -> None:
         "--size": (args.size, settings.size),
         "--tokens": (args.tokens, settings.tokens),
         "--init": (args.init, settings.init),
+        "--layers": (args.layers, settings.layers),
+        "--learning-rate": (args.learning_rate, settings.training.learning_rate),
         "--prompts": (args.prompts and str(args.prompts.expanduser().resolve()), settings.prompts),
         "--synthetic-prompts": (args.synthetic_prompts, settings.synthetic_prompts),
         "--batch-size": (args.batch_size, settings.generation.batch_size),

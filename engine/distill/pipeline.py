@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoConfig
 
 from ..bench import read_prompts
 from ..compat import check_pair_compatible
@@ -39,7 +40,10 @@ from .prompts import synthesize_prompts
 from .replies import ReplyWriter
 from .vocabulary import choose_vocabulary, coverage, in_model_ids
 from ..runtime.reduced_vocabulary import ReducedVocabulary
-from .model import INITS, PRESETS, build_draft, forward_ms, shape_summary
+from .model import (
+    DEFAULT_PREFIX_LAYERS, INITS, PREFIX, PRESETS, SIZES, DraftShape, build_draft, build_prefix_draft, forward_ms,
+    prefix_shape, shape_summary,
+)
 from .train import StepReport, Trainer, TrainSettings, evaluate
 
 WORK_FOLDER = "distill-work"
@@ -49,7 +53,7 @@ GENERATION_LOG = "generation-log.jsonl"  # what each invocation generated, and h
 MAX_PROMPT_TOKENS = 256  # prompts longer than this (chat template included) are left out
 REPORT_FILE = "report.json"
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "resources" / "prompts" / "distill_prompts.jsonl"
-DEFAULT_TOKENS = {"tiny": 20_000, "small": 1_000_000}
+DEFAULT_TOKENS = {"tiny": 20_000, "small": 1_000_000, PREFIX: 1_000_000}
 # The target's files that make up its tokenizer; the draft gets exact copies.
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -68,7 +72,8 @@ class RunSettings:
     size: str = "small"
     tokens: int = DEFAULT_TOKENS["small"]
     heldout_tokens: int = 10_000
-    init: str = "pca"
+    init: str = "pca"  # a preset's embeddings; a prefix draft always starts from the target's weights
+    layers: int = DEFAULT_PREFIX_LAYERS  # how many of the target's layers a prefix draft keeps
     prompts: str = str(DEFAULT_PROMPTS)
     synthetic_prompts: int = 0  # prompts the target writes itself, beside the prompts file's
     vocabulary: int = 0  # tokens a reduced draft keeps (0: the target's whole vocabulary)
@@ -76,8 +81,10 @@ class RunSettings:
     training: TrainSettings = field(default_factory=TrainSettings)
 
     def __post_init__(self) -> None:
-        if self.size not in PRESETS:
-            raise ConfigError(f"unknown draft size {self.size!r}; choose one of {', '.join(PRESETS)}")
+        if self.size not in SIZES:
+            raise ConfigError(f"unknown draft size {self.size!r}; choose one of {', '.join(SIZES)}")
+        if self.layers < 1:
+            raise ConfigError("a draft needs at least 1 layer")
         if self.init not in INITS:
             raise ConfigError(f"unknown init {self.init!r}; choose one of {', '.join(INITS)}")
         if self.tokens < 1 or self.heldout_tokens < 1:
@@ -145,9 +152,11 @@ class Distillation:
             raise ConfigError(f"{out_dir} already holds a distillation run: add --resume to continue it, or choose another folder.")
         if (out_dir / "config.json").exists():
             raise ConfigError(f"{out_dir} already holds a model: choose another folder.")
-        # Fail on a wrong target or prompts file before the folder is claimed for this run.
-        resolve_source(ModelSpec(settings.target))
+        # Fail on a wrong target, prompts file or prefix depth before the folder is claimed for this run.
+        source = resolve_source(ModelSpec(settings.target))
         read_prompts(Path(settings.prompts))
+        if settings.size == PREFIX:
+            prefix_shape(AutoConfig.from_pretrained(source), settings.layers)
         work_dir.mkdir(parents=True, exist_ok=True)
         (work_dir / RUN_FILE).write_text(json.dumps(settings.to_dict(), indent=2), encoding="utf-8")
         return cls(out_dir, settings, device)
@@ -175,6 +184,7 @@ class Distillation:
         message(f"Loading the target {settings.target}…")
         # Batched sampling and training read the torch model itself.
         target = load_model(ModelSpec(settings.target, TARGET_PRECISION, self.device), runtime="torch")
+        shape = self._shape(target)
 
         # 1. the target writes the data: its own prompts, then replies (held-out ones first,
         # so the untrained draft can be scored)
@@ -212,8 +222,10 @@ class Distillation:
             vocabulary_report = {"vocabulary": vocabulary.size, "heldout_coverage": coverage(heldout_data, vocabulary)}
             train_data, heldout_data = in_model_ids(train_data, vocabulary), in_model_ids(heldout_data, vocabulary)
         unproposable = vocabulary.other_id if vocabulary is not None else None
-        shape = PRESETS[settings.size]
-        draft = build_draft(target.model, shape, settings.init, settings.training.seed, vocabulary)
+        if settings.size == PREFIX:
+            draft = build_prefix_draft(target.model, settings.layers, vocabulary)
+        else:
+            draft = build_draft(target.model, shape, settings.init, settings.training.seed, vocabulary)
         trainer = Trainer(draft, train_data, heldout_data, settings.training, self.work_dir, target.device, unproposable)
         if trainer.resume():
             message(f"Resuming training at step {trainer.step} of {trainer.total_steps}.")
@@ -235,7 +247,7 @@ class Distillation:
             "size": settings.size,
             "shape": shape_summary(shape, draft.config.vocab_size),
             **vocabulary_report,
-            "init": settings.init,
+            "init": "target's first layers" if settings.size == PREFIX else settings.init,
             "steps": outcome.step,
             "training_tokens": sum(sequence.reply_length for sequence in train_data),
             "train_loss": outcome.recent_loss,
@@ -250,6 +262,11 @@ class Distillation:
         }
         (self.out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2), encoding="utf-8")
         return Outcome("finished", outcome.step, outcome.total_steps, report)
+
+    def _shape(self, target: LoadedModel) -> DraftShape:
+        if self.settings.size == PREFIX:
+            return prefix_shape(target.model.config, self.settings.layers)
+        return PRESETS[self.settings.size]
 
     def _data_complete(self) -> bool:
         return (self.work_dir / DATA_DONE_FILE).exists()

@@ -238,3 +238,42 @@ def test_a_reduced_vocabulary_draft_is_trained_saved_and_decodes_exactly(tiny_ta
     reference = greedy_reply(pair, "ar")
     for method in ("chain", "tree", "staged"):
         assert greedy_reply(pair, method) == reference, method
+
+
+def test_a_prefix_draft_is_cut_from_the_target_trained_and_decodes_exactly(tiny_target, prompts_file, tmp_path):
+    """--size prefix keeps the target's first --layers layers at its width and trains on from
+    its weights; the result is a draft like any other: it loads, and a pair decodes exactly."""
+    from engine.session import load_pair
+
+    out = tmp_path / "prefix"
+    arguments = start_arguments(tiny_target, out, prompts_file)
+    arguments[arguments.index("tiny")] = "prefix"
+    assert distill(*arguments, "--layers", "1", "--learning-rate", "0.001") == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["shape"]["layers"] == 1 and report["shape"]["hidden_size"] == 128  # the target's width
+    assert report["heldout_kl"] < report["heldout_kl_initial"]
+    target_layer = load_model(ModelSpec(str(tiny_target), "fp32", "cpu"), runtime="torch").model.model.layers[0]
+    draft_layer = load_model(ModelSpec(str(out), "fp32", "cpu"), runtime="torch").model.model.layers[0]
+    moved = draft_layer.mlp.up_proj.weight - target_layer.mlp.up_proj.weight
+    assert 0 < moved.abs().max() < target_layer.mlp.up_proj.weight.abs().max(), "trained on from the target's layer"
+
+    pair = load_pair(PairConfig("tiny", ModelSpec(str(tiny_target), "fp32", "cpu"), ModelSpec(str(out), "fp32", "cpu")))
+    reference = greedy_reply(pair, "ar")
+    for method in ("chain", "tree"):
+        assert greedy_reply(pair, method) == reference, method
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--layers", "2"], "1 to 1 of the target's layers"),  # the tiny target has 2: a prefix must leave one out
+        (["--size", "tiny", "--layers", "1"], "--layers is for --size prefix"),
+    ],
+)
+def test_a_prefix_that_cannot_be_cut_is_refused_before_the_run_starts(tiny_target, prompts_file, tmp_path, extra, message):
+    out = tmp_path / "refused"
+    arguments = start_arguments(tiny_target, out, prompts_file)
+    arguments[arguments.index("tiny")] = "prefix"
+    with pytest.raises(ConfigError, match=message):
+        distill(*arguments, *extra)
+    assert not out.exists(), "nothing claimed: the same folder can be used for the corrected command"
