@@ -25,6 +25,7 @@ from .config import APPROXIMATE_METHODS, DEMO_TARGET, METHODS, ConfigError, Deco
 from .events import Finished
 from .quality import rouge_l_f1, target_nll
 from .runtime import llamacpp_library
+from .runtime.reduced_vocabulary import full_vocabulary_view
 from .session import LoadedPair
 from .stats import GenerationStats
 
@@ -245,7 +246,8 @@ class Bench:
         options: dict = {"max_new_tokens": max_new_tokens, "eos_token_id": sorted(pair.stop_token_ids)}
         options["pad_token_id"] = options["eos_token_id"][0]
         if pair.draft is not None:
-            options["assistant_model"] = pair.draft.model
+            draft, vocabulary = pair.draft.model, pair.draft.vocabulary
+            options["assistant_model"] = draft if vocabulary is None else full_vocabulary_view(draft, vocabulary)
         else:
             options["prompt_lookup_num_tokens"] = settings.draft_tokens
         if settings.greedy:

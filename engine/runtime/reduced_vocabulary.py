@@ -14,6 +14,7 @@ its logits back out (−inf outside), so the algorithms never learn that the dra
 """
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,7 +58,7 @@ class ReducedVocabulary:
 
     def to_model_ids(self, ids: list[int] | torch.Tensor) -> list[int] | torch.Tensor:
         if isinstance(ids, torch.Tensor):
-            return torch.from_numpy(self._to_model)[ids.long()].to(ids.dtype)
+            return torch.from_numpy(self._to_model).to(ids.device)[ids.long()].to(ids.dtype)
         return self._to_model[np.asarray(ids, dtype=np.int64)].tolist()
 
     def full_logits(self, model_logits: torch.Tensor) -> torch.Tensor:
@@ -82,6 +83,27 @@ class ReducedVocabulary:
             return cls(tuple(int(token) for token in data["kept_ids"]), int(data["full_size"]))
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise ModelLoadError(f"Cannot read the draft's vocabulary {path}: {error}") from error
+
+
+def full_vocabulary_view(model: torch.nn.Module, vocabulary: ReducedVocabulary) -> torch.nn.Module:
+    """`model` (a transformers causal LM in `vocabulary`'s ids) as one that takes and gives
+    the full vocabulary, for code that drives a model itself, such as transformers' assisted
+    generation, which needs its assistant on the target's vocabulary. The view shares the
+    model's weights; its logits are −inf outside the kept tokens, as with the runtime below."""
+
+    class FullVocabulary(type(model)):  # type: ignore[misc, valid-type]
+        def forward(self, input_ids=None, **kwargs):
+            if input_ids is not None:
+                input_ids = vocabulary.to_model_ids(input_ids)
+            output = super().forward(input_ids=input_ids, **kwargs)
+            output.logits = vocabulary.full_logits(output.logits)
+            return output
+
+    view = copy.copy(model)  # a new object over the same submodules and parameters
+    view.__class__ = FullVocabulary
+    view.config = copy.deepcopy(model.config)
+    view.config.vocab_size = vocabulary.full_size
+    return view
 
 
 class ReducedVocabularyRuntime(ModelRuntime):

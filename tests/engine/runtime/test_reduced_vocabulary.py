@@ -125,3 +125,27 @@ def test_a_damaged_vocabulary_file_is_a_clear_error(tmp_path):
     with pytest.raises(ModelLoadError, match="vocabulary"):
         ReducedVocabulary.load(tmp_path)
     assert ReducedVocabulary.load(tmp_path / "elsewhere") is None
+
+
+@torch.inference_mode()
+def test_the_full_vocabulary_view_lets_transformers_assist_with_a_reduced_draft(vocabulary):
+    """transformers' assisted generation needs its assistant on the target's vocabulary: the
+    view takes full ids and gives full logits (−inf outside the kept tokens), sharing the
+    weights, and greedy assisted generation then writes what the target alone writes."""
+    from engine.runtime.reduced_vocabulary import full_vocabulary_view
+
+    model = tiny_llama(seed=7, vocab_size=vocabulary.size)
+    view = full_vocabulary_view(model, vocabulary)
+    ids = torch.tensor([[1, 5, 8, 40, 62, 9]])
+    logits = view(input_ids=ids).logits
+    assert logits.shape == (1, 6, FULL) and view.config.vocab_size == FULL
+    torch.testing.assert_close(logits[0], vocabulary.full_logits(model(vocabulary.to_model_ids(ids)).logits[0]))
+    assert torch.isinf(logits[..., [4, 33]]).all(), "a token the draft does not keep is never proposed"
+    assert view.model is model.model and model.config.vocab_size == vocabulary.size  # shared, model untouched
+
+    target = tiny_llama(seed=3, vocab_size=FULL)
+    prompt = torch.tensor([[1, 2, 3, 5, 8]])
+    options = {"max_new_tokens": 12, "do_sample": False, "pad_token_id": 0, "eos_token_id": None}
+    alone = target.generate(prompt, attention_mask=torch.ones_like(prompt), **options)
+    assisted = target.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=view, **options)
+    assert assisted.tolist() == alone.tolist()
