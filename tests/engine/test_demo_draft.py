@@ -31,7 +31,10 @@ def test_the_shipped_draft_loads_and_pairs_with_the_demo_target(demo_target_fold
     assert demo_pair().draft.source == str(DEMO_DRAFT_FOLDER)
     draft = load_model(ModelSpec(str(DEMO_DRAFT_FOLDER), precision="fp32", device="cpu"), runtime="torch")
     check_pair_compatible(load_tokenizer_only(ModelSpec(str(demo_target_folder))), draft.tokenizer)
-    assert draft.model.config.vocab_size >= len(draft.tokenizer)
+    # every token id the tokenizer can produce has a row: the draft's own, or the shared one of
+    # a reduced vocabulary (which then maps the whole tokenizer)
+    model_ids = draft.model.config.vocab_size if draft.vocabulary is None else draft.vocabulary.full_size
+    assert model_ids >= len(draft.tokenizer)
     assert NgramCounts.load(DEMO_DRAFT_FOLDER / TABLE_FILE).after, "the second-stage table is empty"
 
 
@@ -44,7 +47,15 @@ def test_the_shipped_gguf_export_runs_on_llamacpp_like_the_safetensors():
     on_llamacpp = load_model(ModelSpec(str(DEMO_DRAFT_FOLDER)), as_draft=True, runtime="llama.cpp")
     on_torch = load_model(ModelSpec(str(DEMO_DRAFT_FOLDER), precision="fp32", device="cpu"), runtime="torch")
     assert on_llamacpp.runtime == "llama.cpp"
-    ids = on_torch.tokenizer("The capital of France is Paris, and the capital of Italy is")["input_ids"]
+    # Enough positions that a couple of near-ties (Q8_0 flips those) cannot decide the test.
+    passage = (
+        "The capital of France is Paris, and the capital of Italy is Rome. Both cities are famous for "
+        "their museums, their food and their long history. Paris grew along the river Seine, where the "
+        "cathedral of Notre-Dame stands on an island. Rome was built on seven hills beside the Tiber, and "
+        "its ruins still show how the empire lived. Visitors walk, eat and look for days in either city."
+    )
+    ids = on_torch.tokenizer(passage)["input_ids"]
+    assert len(ids) >= 80
     llamacpp_logits = on_llamacpp.open_runtime().forward(ids, logits_wanted=len(ids))
     torch_logits = on_torch.open_runtime().forward(ids, logits_wanted=len(ids))
     # Q8_0 weights round a little; the draft's first choices must stay the same.
