@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import _parser, _settings_from_args, main
+from engine.bench import ALL_METHODS
+from engine.cli import BENCH_PEERS, _parser, _settings_from_args, main
 from engine.config import APPROXIMATE_METHODS, HEAD_METHODS, METHODS, DecodeSettings, demo_pair
 from engine.heads.store import has_heads
 from engine.session import load_pair
@@ -61,6 +62,14 @@ def test_bench_reports_every_method_with_ratios_from_one_run(tmp_path, demo_targ
     table = capsys.readouterr().out
     assert "hf-assisted" in table and "tok/s" in table
     assert all(f"{method} (auto shape): verify ms by tokens" in table for method in tree_methods)
+
+
+def test_bench_help_names_every_bench_method(capsys):
+    assert METHODS + BENCH_PEERS == ALL_METHODS
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert ", ".join(ALL_METHODS) in help_text and "nll" in help_text and "rougeL" in help_text
 
 
 def test_bench_refuses_an_unknown_method(capsys):
