@@ -21,7 +21,7 @@ import torch
 import transformers
 
 from .chat_prompt import Message, build_prompt
-from .config import APPROXIMATE_METHODS, DEMO_TARGET, METHODS, ConfigError, DecodeSettings
+from .config import APPROXIMATE_METHODS, DEMO_TARGET, HEAD_METHODS, METHODS, ConfigError, DecodeSettings
 from .events import Finished
 from .quality import rouge_l_f1, target_nll
 from .runtime import llamacpp_library
@@ -169,6 +169,16 @@ def parse_methods(text: str, available: tuple[str, ...]) -> list[str]:
     return names
 
 
+def _refusal(pair: LoadedPair, method: str) -> str:
+    """Why the bench cannot run `method` on `pair`, with what the pair offers instead."""
+    message = f"the pair {pair.config.name!r} cannot run {method!r}; it offers {', '.join(pair.methods)}"
+    if method in HEAD_METHODS and pair.draft is not None:
+        # The one refusal a command fixes. A heads problem already says to calibrate again.
+        why = pair.heads_problem or f"its draft has no calibrated heads; run tandem calibrate --pair {pair.config.name}"
+        message += f" ({why.rstrip('.')})"
+    return message
+
+
 class Bench:
     def __init__(self, pair: LoadedPair, settings: DecodeSettings):
         self.pair = pair
@@ -177,9 +187,7 @@ class Bench:
     def run(self, prompts: list[str], methods: list[str], progress: Callable[[str], None] = print) -> dict:
         unsupported = [m for m in methods if m in ENGINE_METHODS and m not in self.pair.methods]
         if unsupported:
-            raise ConfigError(
-                f"the pair {self.pair.config.name!r} cannot run {unsupported[0]!r}; it offers {', '.join(self.pair.methods)}"
-            )
+            raise ConfigError(_refusal(self.pair, unsupported[0]))
         runners = {method: self._runner(method) for method in methods}
         progress("warming up…")
         for method in methods:
@@ -421,7 +429,7 @@ def format_table(report: dict) -> str:
             f"{show(row['target_calls_per_token'], '{:.3f}'):>9} {show(row['draft_calls_per_target_call'], '{:.2f}'):>11} "
             f"{show(row['draft_stage_acceptance'], '{:.3f}'):>9} {show(row['exact_match_vs_ar'], '{:.2f}'):>6} "
             f"{show(row.get('target_nll'), '{:.3f}'):>6} {show(row.get('rouge_l_vs_ar'), '{:.3f}'):>6} {row['peak_rss_mb']:>8.0f}"
-            + ("  APPROXIMATE" if row.get("exact") is False else "")
+            + _approximate_note(row)
         )
     for method, shape in report.get("tree_shapes", {}).items():
         costs = ", ".join(f"{size}: {ms:.0f}" for size, ms in shape["verify_ms_by_tokens"].items())
@@ -429,3 +437,12 @@ def format_table(report: dict) -> str:
         draft_ms = f"{shape['draft_call_ms']:.1f}" if shape["draft_call_ms"] else "—"
         lines.append(f"{method} (auto shape): verify ms by tokens {{{costs}}}; draft call {draft_ms} ms; reach by depth [{reach}]")
     return "\n".join(lines)
+
+
+def _approximate_note(row: dict) -> str:
+    """Marks a row whose method lets tokens out unchecked, and how many it did: its speed is
+    not comparable with the exact rows' without its nll and rougeL."""
+    if row.get("exact") is not False:
+        return ""
+    share = row.get("unchecked_share")
+    return "  APPROXIMATE" + (f", {share:.0%} unchecked" if share is not None else "")

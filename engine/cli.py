@@ -12,6 +12,10 @@ from pathlib import Path
 from .config import CHAT_DEFAULT_TEMPERATURE, DEVICES, METHODS, PRECISIONS, RUNTIMES, VERIFIERS, ConfigError, DecodeSettings, ModelSpec, PairConfig, default_method
 from .errors import TandemError
 
+# The bench's peers (engine/bench.py PEER_METHODS), named here so that --help does not import
+# torch and transformers.
+BENCH_PEERS = ("hf-assisted", "llamacpp-ar")
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -62,9 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     _add_decoding_arguments(bench, default_max_new_tokens=128)
     bench.add_argument("--prompts", type=Path, help="JSON Lines file with a \"prompt\" key per line (default: shipped set)")
     bench.add_argument("--limit", type=int, help="use only the first N prompts")
-    bench.add_argument("--methods", default="ar,chain", help="comma-separated methods (ar, chain, tree, staged, ngram, adaptive, sprinter, hf-assisted, llamacpp-ar), "
-                       "or all (default: ar,chain). Every output is scored afterwards: the target's NLL per token "
-                       "(nll) and ROUGE-L F1 against ar's output (rougeL)")
+    bench.add_argument(
+        "--methods", default="ar,chain",
+        help=f"comma-separated methods ({', '.join(METHODS + BENCH_PEERS)}), or all = every one the pair "
+        "offers (adaptive and sprinter need calibrated draft heads; sprinter is approximate) (default: ar,chain). "
+        "After the timed runs every output is scored: the target's NLL per token at temperature 1 (nll, lower "
+        "is closer to the target) and ROUGE-L F1 against ar's output (rougeL, 1 = same text)",
+    )
     bench.add_argument("--json", type=Path, dest="json_out", help="write the full report here")
     bench.add_argument("--profile", type=int, metavar="N", default=0, help="also print the N functions that took the most time")
     bench.set_defaults(run=_run_bench)

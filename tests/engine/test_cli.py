@@ -4,9 +4,14 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import math
+from pathlib import Path
 
-from engine.cli import _parser, _settings_from_args, main
-from engine.config import METHODS, DecodeSettings, demo_pair
+import pytest
+
+from engine.bench import ALL_METHODS
+from engine.cli import BENCH_PEERS, _parser, _settings_from_args, main
+from engine.config import APPROXIMATE_METHODS, METHODS, DecodeSettings, demo_pair
 from engine.session import load_pair
 from engine.terminal_chat import TerminalChat
 
@@ -28,10 +33,20 @@ def test_bench_reports_every_method_with_ratios_from_one_run(tmp_path, demo_targ
     assert set(rows) == expected
     assert rows["ar"]["speedup_vs_ar"] == 1.0
     # fp32 kernels round the same for one token and for a whole tree: greedy output must match exactly.
-    for method in expected - {"ar", "llamacpp-ar", "sprinter"}:
+    exact_methods = expected - {"ar", "llamacpp-ar"} - set(APPROXIMATE_METHODS)
+    for method in exact_methods:
         assert rows[method]["exact_match_vs_ar"] == 1.0, method
-        assert rows[method]["target_nll"] is not None and rows[method]["exact"]
-    assert rows.get("sprinter", {"exact": False})["exact"] is False  # approximate, and said so
+    # Quality, scored after the timing: the same tokens have the same NLL under the target, the
+    # peer hf-assisted's included, and every row has both figures.
+    assert rows["ar"]["rouge_l_vs_ar"] == 1.0
+    for method in exact_methods:
+        assert rows[method]["target_nll"] == pytest.approx(rows["ar"]["target_nll"], rel=1e-5), method
+        assert rows[method]["exact"] and rows[method]["rouge_l_vs_ar"] == 1.0, method
+    for method in expected:
+        assert math.isfinite(rows[method]["target_nll"]) and rows[method]["target_nll"] > 0, method
+        assert 0.0 <= rows[method]["rouge_l_vs_ar"] <= 1.0, method
+    for method in expected & set(APPROXIMATE_METHODS):
+        assert rows[method]["exact"] is False and 0.0 <= rows[method]["unchecked_share"] <= 1.0
     assert rows["chain"]["mean_accepted_per_target_call"] >= 1.0
     assert len(rows["chain"]["per_prompt"]) == 2
     assert report["machine"]["cpu_cores"] >= 1
@@ -44,6 +59,14 @@ def test_bench_reports_every_method_with_ratios_from_one_run(tmp_path, demo_targ
     table = capsys.readouterr().out
     assert "hf-assisted" in table and "tok/s" in table
     assert all(f"{method} (auto shape): verify ms by tokens" in table for method in tree_methods)
+
+
+def test_bench_help_names_every_bench_method(capsys):
+    assert METHODS + BENCH_PEERS == ALL_METHODS
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert ", ".join(ALL_METHODS) in help_text and "nll" in help_text and "rougeL" in help_text
 
 
 def test_bench_refuses_an_unknown_method(capsys):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine.quality import lcs_length, rouge_l_f1, target_nll
-from tests.engine.tiny_models import cached, tiny_llama
+from tests.engine.tiny_models import cached, tiny_gguf, tiny_llama
 
 
 @pytest.mark.parametrize(
@@ -25,12 +25,17 @@ def test_rouge_l_f1():
     assert rouge_l_f1([1, 2, 3, 9], [1, 5, 2, 6, 3, 7]) == pytest.approx(0.6)
 
 
+def hand_computed_nll(model, prompt: list[int], output: list[int]) -> float:
+    """Minus the log-probability of each output token after what precedes it, summed."""
+    with torch.no_grad():
+        log_probs = torch.log_softmax(model(torch.tensor([prompt + output])).logits[0].float(), dim=-1)
+    return -sum(float(log_probs[len(prompt) - 1 + i, token]) for i, token in enumerate(output))
+
+
 def test_target_nll_is_the_hand_computed_log_likelihood():
     model = tiny_llama(seed=2)
     prompt, output = [3, 9, 4], [7, 1, 12]
-    with torch.no_grad():
-        log_probs = torch.log_softmax(model(torch.tensor([prompt + output])).logits[0].float(), dim=-1)
-    expected = -sum(float(log_probs[len(prompt) - 1 + i, token]) for i, token in enumerate(output))
+    expected = hand_computed_nll(model, prompt, output)
     runtime = cached(model)
     runtime.forward([1, 2])  # whatever the cache held before does not matter, and is gone after
     total, count = target_nll(runtime, prompt, output)
@@ -38,3 +43,21 @@ def test_target_nll_is_the_hand_computed_log_likelihood():
     assert len(runtime) == 0
     assert target_nll(runtime, prompt, []) == (0.0, 0)
     assert math.isfinite(total)
+
+
+def test_target_nll_on_llamacpp_is_the_same_log_likelihood(tmp_path):
+    """The demo target runs on llama.cpp by default: its logits give the same NLL."""
+    pytest.importorskip("llama_cpp")
+    from engine.runtime.llamacpp import LlamaCppRuntime, load_weights
+
+    model = tiny_llama(seed=2, vocab_size=64)
+    weights = load_weights(tiny_gguf(model, tmp_path / "target"), use_gpu=False)
+    try:
+        runtime = LlamaCppRuntime(weights, 64, threads=1)
+        prompt, output = [3, 9, 4, 20], [7, 1, 12, 40, 5, 5, 61, 2]
+        total, count = target_nll(runtime, prompt, output)
+        assert count == len(output) and total == pytest.approx(hand_computed_nll(model, prompt, output), rel=1e-3)
+        assert len(runtime) == 0
+        runtime.close()
+    finally:
+        weights.close()
