@@ -232,7 +232,8 @@ class Bench:
             return LlamaCppRunner(self.pair, self.settings)
         if not _runs_on_torch(self.pair):
             raise ConfigError("hf-assisted runs transformers on the pair's weights: add --runtime torch")
-        return self._run_hf_assisted
+        assistant = _hf_assistant(self.pair)  # once: a reduced draft's view is a new class
+        return lambda prompt, max_new_tokens: self._run_hf_assisted(prompt, max_new_tokens, assistant)
 
     def _run_engine(self, method: str, prompt: str, max_new_tokens: int):
         self.pair.reset_caches()  # no method may reuse another's prefill of the same prompt
@@ -245,7 +246,7 @@ class Bench:
         seconds = time.perf_counter() - started
         return finished.token_ids, seconds, finished.stats
 
-    def _run_hf_assisted(self, prompt: str, max_new_tokens: int):
+    def _run_hf_assisted(self, prompt: str, max_new_tokens: int, assistant: torch.nn.Module | None):
         """The peer: transformers' own generate() on the same target weights, with the same
         kind of drafter (its prompt-lookup for the n-gram pair, the draft model otherwise)."""
         pair, settings = self.pair, self.settings
@@ -253,9 +254,8 @@ class Bench:
         input_ids = torch.tensor([prompt_ids], device=pair.target.device)
         options: dict = {"max_new_tokens": max_new_tokens, "eos_token_id": sorted(pair.stop_token_ids)}
         options["pad_token_id"] = options["eos_token_id"][0]
-        if pair.draft is not None:
-            draft, vocabulary = pair.draft.model, pair.draft.vocabulary
-            options["assistant_model"] = draft if vocabulary is None else full_vocabulary_view(draft, vocabulary)
+        if assistant is not None:
+            options["assistant_model"] = assistant
         else:
             options["prompt_lookup_num_tokens"] = settings.draft_tokens
         if settings.greedy:
@@ -273,6 +273,14 @@ class Bench:
                 new_tokens = new_tokens[:index]
                 break
         return tuple(new_tokens), seconds, None
+
+
+def _hf_assistant(pair: LoadedPair) -> torch.nn.Module | None:
+    """The draft as transformers' assisted generation needs it: on the target's vocabulary."""
+    if pair.draft is None:
+        return None
+    draft, vocabulary = pair.draft.model, pair.draft.vocabulary
+    return draft if vocabulary is None else full_vocabulary_view(draft, vocabulary)
 
 
 class LlamaCppRunner:

@@ -153,8 +153,7 @@ def _vocabulary_rows(matrix: torch.Tensor, vocabulary: ReducedVocabulary | None)
     for every other token: their mean."""
     if vocabulary is None:
         return matrix
-    kept = torch.zeros(matrix.shape[0], dtype=torch.bool)
-    kept[list(vocabulary.kept_ids)] = True
+    kept = vocabulary.kept_mask()
     return torch.cat([matrix[list(vocabulary.kept_ids)], matrix[~kept].mean(0, keepdim=True)])
 
 

@@ -83,8 +83,6 @@ class RunSettings:
     def __post_init__(self) -> None:
         if self.size not in SIZES:
             raise ConfigError(f"unknown draft size {self.size!r}; choose one of {', '.join(SIZES)}")
-        if self.layers < 1:
-            raise ConfigError("a draft needs at least 1 layer")
         if self.init not in INITS:
             raise ConfigError(f"unknown init {self.init!r}; choose one of {', '.join(INITS)}")
         if self.tokens < 1 or self.heldout_tokens < 1:

@@ -30,8 +30,7 @@ def choose_vocabulary(sequences: list[Sequence], size: int, tokenizer: Any, full
 
 def coverage(sequences: list[Sequence], vocabulary: ReducedVocabulary) -> dict[str, float]:
     """Shares of the target's sampled tokens and first choices that the draft can propose."""
-    table = torch.zeros(vocabulary.full_size, dtype=torch.bool)
-    table[list(vocabulary.kept_ids)] = True
+    table = vocabulary.kept_mask()
     sampled = torch.cat([sequence.token_ids[sequence.prompt_length :].long() for sequence in sequences])
     first = torch.cat([sequence.top_ids[:, 0].long() for sequence in sequences])
     return {"sampled": float(table[sampled].float().mean()), "first_choice": float(table[first].float().mean())}

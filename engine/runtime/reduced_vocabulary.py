@@ -56,6 +56,12 @@ class ReducedVocabulary:
         """Rows of the model's embedding and output layer."""
         return len(self.kept_ids) + 1
 
+    def kept_mask(self) -> torch.Tensor:
+        """(full_size,) bool: which tokenizer ids the draft keeps."""
+        mask = torch.zeros(self.full_size, dtype=torch.bool)
+        mask[self._kept_index] = True
+        return mask
+
     def to_model_ids(self, ids: list[int] | torch.Tensor) -> list[int] | torch.Tensor:
         if isinstance(ids, torch.Tensor):
             return torch.from_numpy(self._to_model).to(ids.device)[ids.long()].to(ids.dtype)
