@@ -32,7 +32,7 @@ class EngineApi(Protocol):
 
 
 class LocalEngine:
-    """The real engine. `calibration` (an engine.heads.calibrate.CalibrationSettings) replaces
+    """The real engine. `calibration` (an engine.tools.calibrate.calibrate.CalibrationSettings) replaces
     the default calibration, e.g. a smaller one for the screenshots."""
 
     def __init__(self, calibration: Any = None) -> None:
@@ -59,7 +59,7 @@ class LocalEngine:
         return self._tokenizers[spec.source]
 
     def calibrate(self, pair: Any, progress: CalibrationProgress, should_stop: Callable[[], bool]) -> dict | None:
-        from engine.heads.calibrate import CalibrationCancelled, CalibrationSettings, calibrate
+        from engine.tools.calibrate.calibrate import CalibrationCancelled, CalibrationSettings, calibrate
 
         try:
             return calibrate(pair, self._calibration or CalibrationSettings(), progress, should_stop).card

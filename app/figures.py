@@ -5,7 +5,9 @@ version still shows, and the panel and the message line format them the same way
 """
 from __future__ import annotations
 
-from engine.config import APPROXIMATE_METHODS, TREE_METHODS, DecodeSettings
+from engine import methods
+from engine.config import DecodeSettings
+from engine.heads.figures import describe_sprinter, sprinter_figures
 from engine.stats import GenerationStats
 
 STOP_REASONS = {
@@ -13,16 +15,11 @@ STOP_REASONS = {
     "length": "reached the token limit",
     "stopped": "stopped by you",
 }
-# What the method box and the figures call a method, where its bare name says too little.
-METHOD_TITLES = {
-    "adaptive": "adaptive chain (SpecDec++)",
-    "sprinter": "SPRINTER (approximate)",
-}
-EXACT_VERIFIER, SPRINTER_VERIFIER = "Exact", "SPRINTER (approximate)"
+EXACT_VERIFIER, SPRINTER_VERIFIER = "Exact", methods.label("sprinter")
 
 
 def method_title(method: str) -> str:
-    return METHOD_TITLES.get(method, method)
+    return methods.label(method)
 
 
 def reply_figures(
@@ -43,35 +40,18 @@ def reply_figures(
 
 
 def sprinter_quality(card: dict | None, greedy: bool) -> dict | None:
-    """SPRINTER's held-out figures from a heads card (engine/heads/calibrate.py), for the
-    decoding mode a reply uses; None without a card."""
-    mode = "greedy" if greedy else "sampled"
-    try:
-        sprinter = card["modes"][mode]["sprinter"]
-        return {
-            "mode": mode,
-            "false_positive_rate": float(sprinter["false_positive_rate"]),
-            "pass_rate": float(sprinter["pass_rate"]),
-            "accuracy": float(sprinter["accuracy"]),
-            "constant_accuracy": float(sprinter["constant_accuracy"]),
-        }
-    except (KeyError, TypeError, ValueError):
-        return None
+    """SPRINTER's held-out figures from a heads card, for the decoding mode a reply uses."""
+    return sprinter_figures(card, greedy)
 
 
 def quality_text(quality: dict | None) -> str:
-    """'η 9.8% · accuracy 87% (constant 74%)': the share of tokens the target would reject
-    that the verifier lets through, and how often it is right against always guessing the
-    more common answer."""
-    if not quality:
-        return "—"
-    return (f"η {quality['false_positive_rate'] * 100:.1f}% · accuracy {percent(quality['accuracy'])} "
-            f"(constant {percent(quality['constant_accuracy'])})")
+    """The held-out figures in plain words (engine/heads/figures.py); "—" without any."""
+    return describe_sprinter(quality) if quality else "—"
 
 
 def is_approximate(figures: dict) -> bool:
     stats, decoding = figures.get("stats", {}), figures.get("decoding", {})
-    return not stats.get("exact", True) or decoding.get("method") in APPROXIMATE_METHODS
+    return not stats.get("exact", True) or not methods.is_exact(decoding.get("method", ""))
 
 
 def verifier_name(figures: dict) -> str:
@@ -117,14 +97,15 @@ def decoding_mode(decoding: dict, verifier_label: str = "") -> str:
     what produced a reply."""
     method = decoding.get("method", "?")
     parts = [method_title(method)]
-    chain = method not in ("ar", "sprinter", *TREE_METHODS)  # SPRINTER checks one flagged token a round
-    if method == "adaptive":
+    knob = methods.BY_NAME[method].knob if method in methods.BY_NAME else methods.KNOB_NONE
+    chain = knob in (methods.KNOB_DRAFT_TOKENS, methods.KNOB_ADAPTIVE)  # SPRINTER checks one flagged token a round
+    if knob == methods.KNOB_ADAPTIVE:
         parts.append(f"up to {decoding.get('adaptive_max_tokens', 16)} drafted")
-    elif method == "sprinter":
+    elif knob == methods.KNOB_UNCHECKED:
         parts.append(f"up to {decoding.get('sprinter_max_unchecked', 16)} unchecked in a row")
-    elif chain:
+    elif knob == methods.KNOB_DRAFT_TOKENS:
         parts.append(f"K={decoding.get('draft_tokens', '?')}")
-    elif method in TREE_METHODS:
+    elif knob == methods.KNOB_TREE_SHAPE:
         shape = decoding.get("tree_shape", "auto")
         parts.append("auto shape" if shape == "auto" else f"{shape} tree")
     temperature = decoding.get("temperature", 0.0)
@@ -180,7 +161,15 @@ def compact_line(figures: dict) -> str:
     if decoding.get("method") != "ar":
         parts.append(f"{ratio(stats.get('mean_accepted_per_target_call'))} tok/call")
     parts.append(decoding_mode(decoding, figures.get("verifier_label", "")))
+    if stats.get("note"):  # what `auto` chose, and why
+        parts.append(stats["note"].removeprefix("auto: "))
     return " · ".join(parts)
+
+
+def rounds_by_method(stats: dict) -> str:
+    """'eagle-tree 42 · ar 3': the rounds each method ran (for `auto`)."""
+    counts = stats.get("rounds_by_method") or {}
+    return " · ".join(f"{name} {count}" for name, count in sorted(counts.items(), key=lambda item: -item[1])) or "—"
 
 
 def detail_rows(figures: dict) -> list[tuple[str, str]]:
@@ -192,6 +181,8 @@ def detail_rows(figures: dict) -> list[tuple[str, str]]:
         ("Decoding", decoding_mode(decoding, figures.get("verifier_label", ""))),
         ("Verifier", verifier_name(figures)),
     ]
+    if stats.get("note"):
+        rows += [("Chosen", stats["note"]), ("Rounds by method", rounds_by_method(stats))]
     if is_approximate(figures):
         rows += [
             ("Unchecked tokens", unchecked(stats)),

@@ -17,15 +17,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine import methods
 from engine.config import (
-    APPROXIMATE_METHODS,
     CHAT_DEFAULT_TEMPERATURE,
-    HEAD_METHODS,
-    METHODS,
     ConfigError,
     DecodeSettings,
     PairConfig,
-    default_method,
     demo_pair,
 )
 from engine.events import Finished
@@ -38,12 +35,12 @@ from .chat_view import ChatPane
 from .conversation_list import ConversationList
 from .engine_api import EngineApi, LocalEngine
 from .error_text import error_text
-from .figures import calibration_step, method_title, sprinter_quality
+from .figures import calibration_step, sprinter_quality
 from .load_steps import LoadSteps
 from .message_widget import is_dark
 from .provenance import DARK_COLOURS, LEGEND, LEGEND_TIPS, LIGHT_COLOURS
 from .settings import AppSettings, load_settings, save_settings
-from .settings_dialog import METHOD_LABELS, SettingsDialog, pair_details
+from .settings_dialog import SettingsDialog, pair_details
 from .speed_panel import SpeedPanel
 from .storage import open_chat_store
 from .verifier_switch import SPRINTER, VerifierSwitch, sprinter_refusal
@@ -400,11 +397,12 @@ class MainWindow(QMainWindow):
         those that need no calibrated heads (the box is sized for them when it first shows:
         Qt widens a combo box for longer items later, but never narrows it)."""
         self.method_combo.clear()
-        for method in info.methods if info else [m for m in METHODS if m not in HEAD_METHODS]:
-            if method in APPROXIMATE_METHODS:
+        offered = info.methods if info else [row.name for row in methods.TABLE if methods.HEADS not in row.needs]
+        for row in methods.TABLE:
+            if row.name not in offered or not row.exact:
                 continue
-            self.method_combo.addItem(method_title(method), method)
-            self.method_combo.setItemData(self.method_combo.count() - 1, METHOD_LABELS.get(method, method), Qt.ItemDataRole.ToolTipRole)
+            self.method_combo.addItem(row.title, row.name)
+            self.method_combo.setItemData(self.method_combo.count() - 1, f"{row.title}: {row.summary}", Qt.ItemDataRole.ToolTipRole)
         self._show_method()
 
     def _show_method(self) -> None:
@@ -459,8 +457,10 @@ class MainWindow(QMainWindow):
         offers it, else the exact settings."""
         decoding = self.exact_settings()
         info = self.client.pair
-        if self.settings.verifier_mode == SPRINTER and info is not None and SPRINTER in info.methods:
-            decoding = decoding.with_changes(method=SPRINTER)
+        if info is not None:
+            method = methods.method_for_mode(decoding.method, self.settings.verifier_mode)
+            if method in info.methods:
+                decoding = decoding.with_changes(method=method)
         return decoding
 
     def exact_settings(self) -> DecodeSettings:
@@ -468,8 +468,8 @@ class MainWindow(QMainWindow):
         decoding = self.settings.decoding
         info = self.client.pair
         if info is not None:
-            if decoding.method not in info.methods or decoding.method in APPROXIMATE_METHODS:
-                decoding = decoding.with_changes(method=default_method(info.methods))
+            if decoding.method not in info.methods or not methods.is_exact(decoding.method):
+                decoding = decoding.with_changes(method=methods.default_method(info.methods))
             verifier_names = [name for name, _label, _exact in info.verifiers]
             if verifier_names and decoding.verifier not in verifier_names:
                 decoding = decoding.with_changes(verifier=verifier_names[0])

@@ -17,13 +17,14 @@ from PySide6.QtWidgets import (
 )
 
 from . import figures as fmt
+from engine import methods
+
 from .markdown_blocks import Block, split_blocks, with_line_breaks
 from .provenance import Runs, coloured_html
 from .storage import FAILED, INTERRUPTED, STOPPED, STREAMING, StoredMessage
 
 RENDER_INTERVAL_MS = 40  # streamed text is re-rendered at most this often
 STATUS_TEXT = {STREAMING: "writing…", STOPPED: "stopped", INTERRUPTED: "interrupted", FAILED: "error"}
-APPROXIMATE_BADGE = {"sprinter": "approximate — SPRINTER"}
 APPROXIMATE_TIP = (
     "Written by SPRINTER: tokens its learned verifier passed went out without the target checking them, "
     "so this reply may differ from what the target alone would write. Colour tokens shows which ones."
@@ -203,7 +204,7 @@ class MessageWidget(QFrame):
         self.status.setObjectName("messageStatus")
         self.status.setWordWrap(True)
         header.addWidget(author)
-        self.badge = QLabel(APPROXIMATE_BADGE.get(message.verifier, f"approximate — {message.verifier}"))
+        self.badge = QLabel(f"approximate — {methods.BY_NAME[message.verifier].title if message.verifier in methods.BY_NAME else message.verifier}")
         self.badge.setObjectName("approximateBadge")
         self.badge.setToolTip(APPROXIMATE_TIP)
         self.badge.setVisible(message.approximate)

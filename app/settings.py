@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from engine.config import APPROXIMATE_METHODS, CHAT_DEFAULT_TEMPERATURE, METHODS, ConfigError, DecodeSettings, default_method
+from engine import methods
+from engine.config import CHAT_DEFAULT_TEMPERATURE, ConfigError, DecodeSettings
 from engine.paths import config_dir
 
 SETTINGS_FILE = "app-settings.json"
@@ -31,14 +32,14 @@ class AppSettings:
     # to its own default method (see MainWindow.decode_settings). Sampled, so that
     # Regenerate gives another reply; greedy is the toolbar's Greedy toggle.
     decoding: DecodeSettings = field(
-        default_factory=lambda: DecodeSettings(method=default_method(METHODS), temperature=CHAT_DEFAULT_TEMPERATURE)
+        default_factory=lambda: DecodeSettings(method=methods.default_method(methods.NAMES), temperature=CHAT_DEFAULT_TEMPERATURE)
     )
     models: list[str] = field(default_factory=list)  # sources the user added: folders, GGUF files
     show_provenance: bool = False
     # The toolbar's Verifier switch, for every conversation (like Greedy): "exact" replies use
     # `decoding.method`; "sprinter" ones use SPRINTER (approximate) wherever the pair offers it.
     # `decoding.method` is always an exact method, so switching back finds it unchanged.
-    verifier_mode: str = "exact"
+    verifier_mode: str = methods.EXACT_MODE
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -63,10 +64,10 @@ class AppSettings:
         except (ConfigError, TypeError):
             decoding = defaults.decoding
         verifier_mode = data.get("verifier_mode")
-        if verifier_mode not in ("exact", "sprinter"):
+        if verifier_mode not in methods.VERIFIER_MODES:
             verifier_mode = defaults.verifier_mode
-        if decoding.method in APPROXIMATE_METHODS:  # an approximate method is the switch's, not the method's
-            decoding, verifier_mode = decoding.with_changes(method=defaults.decoding.method), decoding.method
+        if not methods.is_exact(decoding.method):  # an approximate method is the switch's, not the method's
+            decoding, verifier_mode = decoding.with_changes(method=defaults.decoding.method), methods.mode_of(decoding.method)
         models = data.get("models", [])
         return cls(
             active_pair=str(data.get("active_pair") or defaults.active_pair),

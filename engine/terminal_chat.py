@@ -14,9 +14,11 @@ from collections.abc import Callable
 from typing import TextIO
 
 from .chat_prompt import Message
-from .config import APPROXIMATE_METHODS, ConfigError, DecodeSettings, default_method
+from . import methods
+from .config import ConfigError, DecodeSettings
 from .errors import TandemError
 from .events import Finished, PromptPrepared, PromptProgress, StatsUpdate, TextDelta
+from .heads.figures import describe_sprinter, sprinter_figures, sprinter_refusal
 from .session import LoadedPair, method_refusal
 from .stats import GenerationStats
 from .terminal_input import MessageReader
@@ -42,29 +44,6 @@ def stats_line(stats: GenerationStats) -> str:
         parts.append(f"approximate: unchecked tokens {stats.unchecked_tokens}, "
                       f"target calls skipped {stats.target_calls_skipped}")
     return " · ".join(parts)
-
-
-def sprinter_refusal(pair: LoadedPair) -> str | None:
-    """Why `pair` cannot reply with SPRINTER, and what to do about it; None when it can."""
-    name = pair.config.name
-    if "sprinter" in pair.methods:
-        return None
-    if pair.draft is None:
-        return f"SPRINTER needs a draft model, and the pair {name!r} drafts with n-grams."
-    if pair.heads_problem:
-        return f"SPRINTER cannot run on the pair {name!r}: {pair.heads_problem}"
-    return (f"SPRINTER needs heads calibrated for the pair {name!r}, and it has none yet. "
-            f"Calibrate them (it takes minutes) with: tandem calibrate --pair {name!r}, or with Calibrate heads in the app's Settings.")
-
-
-def sprinter_quality(pair: LoadedPair, greedy: bool) -> str:
-    """The held-out figures of the pair's SPRINTER verifier, for the mode replies use."""
-    try:
-        figures = pair.heads.card["modes"]["greedy" if greedy else "sampled"]["sprinter"]
-        return (f"; held out: η {figures['false_positive_rate']:.1%} of rejected tokens let through, "
-                f"accuracy {figures['accuracy']:.0%} (constant {figures['constant_accuracy']:.0%})")
-    except (AttributeError, KeyError, TypeError):
-        return ""
 
 
 def temperature_label(temperature: float) -> str:
@@ -121,7 +100,7 @@ class TerminalChat:
         self.stderr = stderr
         self.last_stats: GenerationStats | None = None
         # What `/verifier exact` goes back to: the last exact method in use.
-        self.exact_method = settings.method if settings.exact else default_method(pair.methods)
+        self.exact_method = settings.method if settings.exact else methods.default_method(pair.methods)
 
     def run(self) -> int:
         described = self.pair.describe()
@@ -130,7 +109,7 @@ class TerminalChat:
                        "/help for commands and messages of several lines.\n")
         refusal = method_refusal(self.pair, self.settings.method)
         if refusal:
-            self.settings = self.settings.with_changes(method=default_method(self.pair.methods))
+            self.settings = self.settings.with_changes(method=methods.default_method(self.pair.methods))
             self.out.write(f"[error] {refusal} Using {self.settings.method} instead.\n")
         elif not self.settings.exact:
             self.out.write(f"{self._verifier_line()}\n")
@@ -225,23 +204,23 @@ class TerminalChat:
 
     def _set_verifier(self, verifier: str) -> None:
         """`/verifier exact|sprinter`; with no argument, say which one replies use."""
-        if verifier == "sprinter":
-            refusal = sprinter_refusal(self.pair)
-            if refusal:
+        if verifier:
+            try:
+                method = methods.method_for_mode(self.exact_method, verifier)
+            except ValueError as error:
+                self.out.write(f"[error] {error}.\n")
+                return
+            pair = self.pair
+            refusal = sprinter_refusal(pair.config.name, pair.has_draft_model, pair.heads_problem, pair.methods)
+            if verifier == methods.SPRINTER_MODE and refusal:
                 self.out.write(f"[error] {refusal} The verifier stays exact.\n")
                 return
-            if self.settings.exact:
-                self.exact_method = self.settings.method
-            self.settings = self.settings.with_changes(method="sprinter")
-        elif verifier == "exact":
-            self.settings = self.settings.with_changes(method=self.exact_method)
-        elif verifier:
-            self.out.write(f"[error] unknown verifier {verifier!r}: choose exact or sprinter.\n")
-            return
+            self.settings = self.settings.with_changes(method=method)
         self.out.write(f"{self._verifier_line()}\n")
 
     def _verifier_line(self) -> str:
-        if self.settings.method in APPROXIMATE_METHODS:
-            return ("(verifier: SPRINTER, approximate: tokens its verifier passes go out without the target checking them"
-                    f"{sprinter_quality(self.pair, self.settings.greedy)})")
+        if not self.settings.exact:
+            figures = sprinter_figures(self.pair.heads.card if self.pair.heads else None, self.settings.greedy)
+            return ("(verifier: SPRINTER, approximate: tokens its verifier passes go out without the target checking them; "
+                    f"held out, it {describe_sprinter(figures)})")
         return f"(verifier: exact, method {self.settings.method})"

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 import torch
 
 from .runtime import ModelRuntime
-from .sampling import Sampler
 
 
 @dataclass
@@ -49,6 +48,11 @@ class TokenTree:
     def depth(self) -> int:
         return max(self.depths)
 
+    @property
+    def is_chain(self) -> bool:
+        """Whether the tree is one branch: node i follows node i - 1."""
+        return all(parent == node - 1 for node, parent in enumerate(self.parents))
+
     def child_with_token(self, node: int, token: int) -> int | None:
         return self._children[node].get(token)
 
@@ -74,9 +78,10 @@ class TokenTree:
         return seen
 
 
-def forward_tree(model: ModelRuntime, context: list[int], tree: TokenTree) -> torch.Tensor:
+def forward_tree(model: ModelRuntime, context: list[int], tree: TokenTree, first_row: int = 0) -> torch.Tensor:
     """Run the tree through `model` after `context` (whose last token is the root) in one
-    forward: (N, V) logits, row i giving the next-token distribution after node i.
+    forward: (N - first_row, V) logits, row i giving the next-token distribution after node
+    first_row + i (a verifier that checks no earlier node needs no LM head over them).
 
     The model's cache first loses whatever it holds past the longest prefix shared with
     `context`; the uncached rest of `context` runs causally, and each drafted node sees the
@@ -90,7 +95,7 @@ def forward_tree(model: ModelRuntime, context: list[int], tree: TokenTree) -> to
     root_slot = len(context) - 1
     parents = list(range(past - 1, past - 1 + len(pending)))  # the pending context: a chain
     parents += [root_slot + tree.parents[node] for node in range(1, len(tree))]
-    return model.forward_tree(pending + tree.tokens[1:], parents, logits_wanted=len(tree))
+    return model.forward_tree(pending + tree.tokens[1:], parents, logits_wanted=len(tree) - first_row)
 
 
 def keep_path(model: ModelRuntime, context_length: int, path: list[int]) -> None:
@@ -101,31 +106,4 @@ def keep_path(model: ModelRuntime, context_length: int, path: list[int]) -> None
 @dataclass(frozen=True)
 class TreeVerdict:
     path: list[int]  # accepted drafted nodes, from depth 1 down
-    next_token: int  # the target's own token after them
-
-
-def verify_tree_greedy(tree: TokenTree, target_logits: torch.Tensor) -> TreeVerdict:
-    """From the root, follow the child whose token is the target's argmax; when no child
-    matches, that argmax is the next token. The output is the target's own greedy output."""
-    best = torch.argmax(target_logits, dim=-1).tolist()
-    return _walk(tree, lambda node: best[node])
-
-
-def verify_tree_sampled(tree: TokenTree, target_logits: torch.Tensor, sampler: Sampler) -> TreeVerdict:
-    """Exact at any temperature, top-k and top-p: draw one token from the target's
-    distribution at each visited node; follow the child holding it, or emit it and stop.
-    Every emitted token is a plain target sample, so the output is distributed as the
-    target's; the tree only decides how many of them one forward yields. (With distinct
-    deterministic children this accepts exactly as often as recursive rejection would.)"""
-    return _walk(tree, lambda node: sampler.draw(sampler.probabilities(target_logits[node][None])[0]))
-
-
-def _walk(tree: TokenTree, next_token_at) -> TreeVerdict:
-    node, path = 0, []
-    while True:
-        token = next_token_at(node)
-        child = tree.child_with_token(node, token)
-        if child is None:
-            return TreeVerdict(path, token)
-        path.append(child)
-        node = child
+    next_token: int | None  # the target's own token after them; None when the target did not run

@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable
 from typing import Protocol
 
-from .drafters.tree_drafter import TreeShape
+from .drafters.tree_drafter import TreeRound, TreeShape
 
 CALIBRATION_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 SMOOTHING = 0.2  # weight of the newest measurement in running averages
@@ -43,11 +43,7 @@ class TreePolicy(Protocol):
 
     def choose_budget(self, candidates: list[tuple[int, float]]) -> int: ...
 
-    def record(
-        self, depths: list[int], scores: list[float], accepted_depth: int, tokens: int,
-        draft_seconds: float, draft_calls: int, verify_tokens: int, verify_seconds: float, round_seconds: float,
-        learn_costs: bool = True,
-    ) -> None: ...
+    def record(self, observed: TreeRound) -> None: ...
 
 
 class FixedTreeShape:
@@ -70,7 +66,7 @@ class FixedTreeShape:
     def choose_budget(self, candidates: list[tuple[int, float]]) -> int:
         return len(candidates)
 
-    def record(self, *args: object, **kwargs: object) -> None:
+    def record(self, observed: TreeRound) -> None:
         pass
 
 
@@ -183,13 +179,9 @@ class AutoTreeShape:
         before = self.reach_probability(depth - 2)
         return previous * (previous / before if before > 0 else 0.0)
 
-    def record(
-        self, depths: list[int], scores: list[float], accepted_depth: int, tokens: int,
-        draft_seconds: float, draft_calls: int, verify_tokens: int, verify_seconds: float, round_seconds: float,
-        learn_costs: bool = True,
-    ) -> None:
-        """Learn from one verified round; then choose the next round's depth. `learn_costs`
-        is False for a round whose timings include a prefill."""
+    def record(self, observed: TreeRound) -> None:
+        """Learn from one verified round; then choose the next round's depth."""
+        depths, scores, accepted_depth = observed.depths, observed.scores, observed.accepted_depth
         for depth in range(1, max(depths) + 1):
             self.offered[depth] += 1
             if depth <= accepted_depth:
@@ -199,19 +191,19 @@ class AutoTreeShape:
         self.rounds += 1
         plain = max(depths) == 0  # the root alone was verified
         self.plain_rounds += plain
-        if learn_costs:
-            if draft_calls:
-                self.draft_call_seconds = _blend(self.draft_call_seconds, draft_seconds / draft_calls)
+        if observed.learn_costs:
+            if observed.draft_calls:
+                self.draft_call_seconds = _blend(self.draft_call_seconds, observed.draft_seconds / observed.draft_calls)
             if self.verify_seconds:
                 # Keep the calibrated curve's shape but follow the level real rounds show
                 # (a busier machine, a longer context): scale all of it.
-                scale = _blend(1.0, verify_seconds / self.verify_cost(verify_tokens))
+                scale = _blend(1.0, observed.verify_seconds / self.verify_cost(observed.verify_tokens))
                 self.verify_seconds = {size: seconds * scale for size, seconds in self.verify_seconds.items()}
             if plain:
-                self.plain_round_seconds = _blend(self.plain_round_seconds, round_seconds)
+                self.plain_round_seconds = _blend(self.plain_round_seconds, observed.round_seconds)
             else:
-                self.round_seconds = _blend(self.round_seconds, round_seconds)
-                self.round_tokens = _blend(self.round_tokens, float(tokens))
+                self.round_seconds = _blend(self.round_seconds, observed.round_seconds)
+                self.round_tokens = _blend(self.round_tokens, float(observed.tokens))
         self.depth = self._next_depth()
 
     def describe(self) -> dict:

@@ -14,6 +14,8 @@ from ..sampling import Sampler
 class AdaptiveLength:
     """Stop once 1 - Π P̂(token i accepted) exceeds `threshold` (the paper's h)."""
 
+    unchecked = 0  # exact: the target checks every drafted token
+
     def __init__(self, heads: DraftHeads, sampler: Sampler, threshold: float):
         self.heads = heads
         self.mode = mode_for(sampler.greedy)

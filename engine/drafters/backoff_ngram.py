@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from ..sampling import Sampler
-from .base import DraftProposal, Drafter
+from .base import ChainDrafter, Proposal
 
 ORDER = 3  # trigram: histories of up to two tokens
 DISCOUNT = 0.75
@@ -148,17 +148,18 @@ class BackoffNgram:
         self._counted = []
 
 
-class BackoffNgramDrafter(Drafter):
+class BackoffNgramDrafter(ChainDrafter):
     """The backoff n-gram model alone as a chain drafter: method `ngram`. Its proposals are
     deterministic (point masses), which speculative sampling verifies exactly too."""
 
     name = "backoff n-gram"
 
-    def __init__(self, model: BackoffNgram):
+    def __init__(self, model: BackoffNgram, draft_tokens: int):
+        super().__init__(draft_tokens)
         self.model = model
 
-    def propose(self, context: list[int], max_tokens: int, sampler: Sampler) -> DraftProposal:
-        return DraftProposal(self.model.propose(context, max_tokens))
+    def propose_chain(self, context: list[int], max_tokens: int, sampler: Sampler) -> Proposal:
+        return Proposal.chain(context, self.model.propose(context, max_tokens))
 
     def reset(self) -> None:
         self.model.reset()

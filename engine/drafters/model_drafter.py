@@ -1,5 +1,5 @@
 """A small causal LM as drafter: up to K autoregressive steps over its own persistent KV
-cache, optionally cut short by a stop rule (SpecDec++'s adaptive length)."""
+cache, optionally cut short by a stop rule (SpecDec++'s adaptive length, SPRINTER's gate)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -9,26 +9,40 @@ import torch
 
 from ..runtime import ModelRuntime
 from ..sampling import Sampler
-from .base import DraftProposal, Drafter
+from .base import ChainDrafter, Proposal
 
 
 class StopRule(Protocol):
-    """Told about each drafted token, says whether to stop drafting after it."""
+    """Told about each drafted token, says whether to stop drafting after it. `unchecked`
+    counts the leading tokens it lets out without the target checking them (SPRINTER;
+    exact rules leave it 0)."""
+
+    unchecked: int
 
     def stop_after(self, token: int, probs: torch.Tensor, draft: ModelRuntime) -> bool: ...
 
 
-class ModelDrafter(Drafter):
+class ModelDrafter(ChainDrafter):
     name = "draft model"
 
-    def __init__(self, draft: ModelRuntime, target_vocab_size: int, stop_rule: Callable[[Sampler], StopRule] | None = None):
+    def __init__(
+        self, draft: ModelRuntime, target_vocab_size: int, draft_tokens: int,
+        stop_rule: Callable[[Sampler], StopRule] | None = None,
+    ):
+        super().__init__(draft_tokens)
         self.draft = draft
         # Embedding tables are often padded past the tokenizer; verification works on the
         # target's vocabulary, so draft logits are cut or padded to its width.
         self.vocab_size = target_vocab_size
         self.stop_rule = stop_rule  # made fresh for every proposal: (sampler) -> StopRule
 
-    def propose(self, context: list[int], max_tokens: int, sampler: Sampler) -> DraftProposal:
+    @property
+    def runtimes(self) -> tuple[ModelRuntime, ...]:
+        return (self.draft,)
+
+    def propose_chain(self, context: list[int], max_tokens: int, sampler: Sampler) -> Proposal:
+        if not self.draft.ready_for(context):  # an EAGLE-3 head before the target has read the prompt
+            return Proposal.chain(context, [])
         calls_before = self.draft.forward_calls
         stop = self.stop_rule(sampler) if self.stop_rule is not None else None
         logits = fit_vocab(self.draft.logits_for(context)[-1], self.vocab_size)  # (V,)
@@ -45,8 +59,10 @@ class ModelDrafter(Drafter):
                 break
             if step + 1 < max_tokens:  # the last token's logits are the target's business
                 logits = fit_vocab(self.draft.forward([token])[-1], self.vocab_size)
-        probs = torch.stack(rows) if rows else None
-        return DraftProposal(tokens, probs, self.draft.forward_calls - calls_before)
+        return Proposal.chain(
+            context, tokens, torch.stack(rows) if rows else None,
+            draft_calls=self.draft.forward_calls - calls_before, unchecked=stop.unchecked if stop is not None else 0,
+        )
 
     def reset(self) -> None:
         self.draft.reset()
@@ -59,6 +75,7 @@ def draft_distribution(logits: torch.Tensor, sampler: Sampler) -> torch.Tensor:
 
 
 def fit_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Draft logits (..., V') cut or padded with -inf to the target's vocabulary V."""
     width = logits.shape[-1]
     if width > vocab_size:
         return logits[..., :vocab_size]

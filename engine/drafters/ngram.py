@@ -3,25 +3,26 @@ context's last n tokens. Free to run and strong on replies that quote the conver
 from __future__ import annotations
 
 from ..sampling import Sampler
-from .base import DraftProposal, Drafter
+from .base import ChainDrafter, Proposal
 
 
-class NgramDrafter(Drafter):
+class NgramDrafter(ChainDrafter):
     name = "n-gram prompt lookup"
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, draft_tokens: int, max_ngram: int = 3, min_ngram: int = 1):
+        super().__init__(draft_tokens)
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError("need 1 <= min_ngram <= max_ngram")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
-    def propose(self, context: list[int], max_tokens: int, sampler: Sampler) -> DraftProposal:
+    def propose_chain(self, context: list[int], max_tokens: int, sampler: Sampler) -> Proposal:
         # Longer matches first: they predict the continuation more reliably.
         for n in range(min(self.max_ngram, len(context) - 1), self.min_ngram - 1, -1):
             continuation = _continuation_of_latest_match(context, n, max_tokens)
             if continuation:
-                return DraftProposal(continuation)
-        return DraftProposal([])
+                return Proposal.chain(context, continuation)
+        return Proposal.chain(context, [])
 
 
 def _continuation_of_latest_match(context: list[int], n: int, max_tokens: int) -> list[int]:

@@ -12,15 +12,23 @@ and its logits along that prefix give those nodes' children without further call
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..runtime import ModelRuntime
+from ..sampling import Sampler
 from ..tree import TokenTree
 from .backoff_ngram import BackoffNgram
+from .base import Drafter, Proposal
+from .model_drafter import fit_vocab
 
+if TYPE_CHECKING:
+    from ..round import RoundOutcome
+    from ..tree_shape import TreePolicy
 
 BudgetRule = Callable[[list[tuple[int, float]]], int]
 
@@ -37,14 +45,20 @@ class TreeShape:
             raise ValueError("tree budget, depth, branching and beam must be at least 1")
 
 
-@dataclass
-class TreeProposal:
-    tree: TokenTree
-    scores: list[float]  # cumulative draft log-probability of each node (root 0)
+@dataclass(frozen=True)
+class TreeRound:
+    """What one verified tree round teaches its shape policy."""
+
+    depths: list[int]  # each node's depth (the root's is 0)
+    scores: list[float]  # each node's cumulative draft log-probability
+    accepted_depth: int
+    tokens: int  # tokens the round wrote
+    draft_seconds: float  # growing the tree, not catching up on the context
     draft_calls: int
-    stage_proposed: int = 0  # second stage: n-gram tokens the draft scored
-    stage_accepted: int = 0  # ... and kept as its own choice
-    draft_slots: dict[int, int] | None = None  # tree node -> draft cache slot, for nodes the draft ran
+    verify_tokens: int  # tokens the target's forward ran
+    verify_seconds: float
+    round_seconds: float
+    learn_costs: bool = True  # False when the timings include a prefill
 
 
 @dataclass
@@ -55,17 +69,57 @@ class _Node:
     score: float
 
 
-class TreeDrafter:
-    def __init__(self, draft: ModelRuntime, target_vocab_size: int, second_stage: BackoffNgram | None = None):
+class TreeDrafter(Drafter):
+    """Draft model trees shaped by a policy (fixed, or chosen each round from measurements);
+    when the policy says drafting does not pay, a round is a plain target step."""
+
+    def __init__(self, draft: ModelRuntime, target_vocab_size: int, policy: TreePolicy, second_stage: BackoffNgram | None = None):
         self.draft = draft
         self.vocab_size = target_vocab_size
+        self.policy = policy
         self.second_stage = second_stage
+        self.lookahead = policy.shape().depth
+        self._slots: dict[int, int] = {}  # last proposal's tree node -> draft cache slot
+        self._timing = (0.0, 0)  # last proposal's drafting seconds (after catching up), draft calls
 
     @property
     def name(self) -> str:
         return "draft model tree" + (" + n-gram stage" if self.second_stage else "")
 
-    def propose(self, context: list[int], shape: TreeShape, budget_rule: BudgetRule | None = None) -> TreeProposal:
+    @property
+    def runtimes(self) -> tuple[ModelRuntime, ...]:
+        return (self.draft,)
+
+    def propose(self, context: list[int], room: int, sampler: Sampler) -> Proposal:
+        shape = self.policy.shape()
+        # Near the end of the context a tree may not fit; an EAGLE-3 head cannot draft before
+        # the target has read the prompt.
+        if shape.depth >= room or not self.draft.ready_for(context) or not self.policy.speculate():
+            self._slots, self._timing = {}, (0.0, 0)
+            return Proposal(TokenTree([context[-1]], [-1]), scores=[0.0])
+        # A draft that sat out plain rounds first reads what it missed; the policy learns
+        # what a round costs without that.
+        self.draft.catch_up(context)
+        started = time.perf_counter()
+        proposal = self.grow(context, shape, self.policy.choose_budget)
+        self._timing = (time.perf_counter() - started, proposal.draft_calls)
+        return proposal
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        """Keep the draft's cache entries of the accepted path, and teach the policy."""
+        self._commit(outcome.context_length, outcome.path)
+        tree = outcome.proposal.tree
+        draft_seconds, draft_calls = self._timing
+        self.policy.record(TreeRound(
+            depths=tree.depths, scores=outcome.proposal.scores, accepted_depth=len(outcome.path),
+            tokens=len(outcome.tokens), draft_seconds=draft_seconds, draft_calls=draft_calls,
+            verify_tokens=outcome.target_tokens, verify_seconds=outcome.target_s,
+            round_seconds=draft_seconds + outcome.target_s,
+            learn_costs=outcome.target_tokens == len(tree),  # a prefill's time says nothing about a round's
+        ))
+        self.lookahead = self.policy.shape().depth
+
+    def grow(self, context: list[int], shape: TreeShape, budget_rule: BudgetRule | None = None) -> Proposal:
         """Grow a tree after `context`. `budget_rule`, given the candidate nodes best first as
         (depth, score) pairs, may choose fewer nodes than `shape.budget`."""
         calls_before = self.draft.forward_calls
@@ -109,12 +163,11 @@ class TreeDrafter:
                 frontier = heapq.nlargest(shape.beam, new_nodes, key=lambda n: nodes[n].score)
         ranked = _ranked_candidates(nodes)[: shape.budget]
         budget = budget_rule([(nodes[n].depth, nodes[n].score) for n in ranked]) if budget_rule else len(ranked)
-        tree, scores, kept_slots = _subtree(nodes, slots, ranked[:budget])
-        return TreeProposal(tree, scores, self.draft.forward_calls - calls_before, len(chain), kept, kept_slots)
-
-    def root_only(self, context: list[int]) -> TreeProposal:
-        """No draft at all: the tree is the root, and the round is a plain target step."""
-        return TreeProposal(TokenTree([context[-1]], [-1]), [0.0], draft_calls=0, draft_slots={})
+        tree, scores, self._slots = _subtree(nodes, slots, ranked[:budget])
+        return Proposal(
+            tree, draft_calls=self.draft.forward_calls - calls_before, scores=scores,
+            stage_proposed=len(chain), stage_accepted=kept,
+        )
 
     def _expand(
         self,
@@ -134,24 +187,18 @@ class TreeDrafter:
             slots[node] = past + row
             children_of[node] = offered
 
-    def commit(self, context_length: int, proposal: TreeProposal, path: list[int]) -> None:
+    def _commit(self, context_length: int, path: list[int]) -> None:
         """Keep the draft's cache entries of the accepted path; drop every other branch."""
-        slots = proposal.draft_slots or {}
         kept = []
         for node in path:
-            if node not in slots:
+            if node not in self._slots:
                 break
-            kept.append(slots[node])
+            kept.append(self._slots[node])
         self.draft.keep_slots(context_length, kept)
 
     def _scores(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft log-probabilities over the target's vocabulary."""
-        width = logits.shape[-1]
-        if width > self.vocab_size:
-            logits = logits[..., : self.vocab_size]
-        elif width < self.vocab_size:
-            logits = torch.nn.functional.pad(logits, (0, self.vocab_size - width), value=float("-inf"))
-        return torch.log_softmax(logits, dim=-1)
+        return torch.log_softmax(fit_vocab(logits, self.vocab_size), dim=-1)
 
     def reset(self) -> None:
         self.draft.reset()

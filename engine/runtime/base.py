@@ -9,6 +9,9 @@ Every slot has a parent slot: the token it follows. The committed context is a c
 i follows slot i - 1); a token tree adds branches whose parents are earlier slots. A token
 attends to itself and its ancestors only, at position = its depth along that chain. After a
 tree is verified, `keep_slots` keeps the accepted path and the cache is a chain again.
+
+A runtime opened with `feature_layers` also keeps, per slot, the residual stream entering
+those layers (what an EAGLE-3 head drafts from): `features`, compacted with the cache.
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ class ModelRuntime(ABC):
     #: whether `last_hidden_states` works: set by a runtime opened with hidden states, which
     #: learned heads on a draft (SPRINTER's verifier, SpecDec++'s stop rule) read
     returns_hidden: bool = False
+    #: layers whose inputs it records for every slot (`features`); empty: none
+    feature_layers: tuple[int, ...] = ()
 
     def __init__(self, vocab_size: int):
         self.vocab_size = vocab_size
@@ -36,6 +41,7 @@ class ModelRuntime(ABC):
         self.slot_positions: list[int] = []  # slot -> its position (depth along its chain)
         self.chain_length = 0  # the leading slots that form one causal chain
         self.forward_calls = 0
+        self._features: torch.Tensor | None = None  # (capacity, F): slot -> its features
 
     def __len__(self) -> int:
         return len(self.cached_ids)
@@ -61,6 +67,11 @@ class ModelRuntime(ABC):
     def _clear(self) -> None:
         """Drop every cached token."""
 
+    def _last_features(self) -> torch.Tensor:
+        """(T, F) float: the `feature_layers` inputs of every token the last run appended,
+        concatenated layer after layer (runtimes that record features implement it)."""
+        raise ValueError(f"this {self.name} runtime cannot record layer features")
+
     # The contract the algorithms use
 
     def forward(self, new_ids: list[int], logits_wanted: int = 1) -> torch.Tensor:
@@ -71,6 +82,7 @@ class ModelRuntime(ABC):
         start = len(self)
         logits = self._guarded(lambda: self._run_chain(new_ids, logits_wanted))
         self._append(new_ids, list(range(start - 1, start - 1 + len(new_ids))), list(range(start, start + len(new_ids))))
+        self._record_features(start)
         self.chain_length = len(self)
         return logits
 
@@ -87,6 +99,7 @@ class ModelRuntime(ABC):
             positions.append(self._position_of(parent, start, positions) + 1)
         logits = self._guarded(lambda: self._run_tree(new_ids, parents, positions, logits_wanted))
         self._append(new_ids, parents, positions)
+        self._record_features(start)
         if self.chain_length == start:  # new tokens that just continue the chain extend it
             while self.chain_length < len(self) and self.slot_parents[self.chain_length] == self.chain_length - 1:
                 self.chain_length += 1
@@ -109,6 +122,8 @@ class ModelRuntime(ABC):
                 raise ValueError("the extra slots must form a path that continues the prefix")
             follows = slot
         self._guarded(lambda: self._keep(prefix, extra_slots))
+        if self._features is not None and extra_slots:
+            self._features[prefix : prefix + len(extra_slots)] = self._features[torch.tensor(extra_slots)]
         self.cached_ids = self.cached_ids[:prefix] + [self.cached_ids[slot] for slot in extra_slots]
         self._reset_chain_bookkeeping()
 
@@ -124,6 +139,24 @@ class ModelRuntime(ABC):
         """(N, D) float32: the final-norm hidden states of the N tokens the last forward
         returned logits for, row for row (the states the LM head turned into those logits)."""
         raise ValueError(f"this {self.name} runtime was opened without hidden states")
+
+    @property
+    def features(self) -> torch.Tensor:
+        """(len(self), F): each cached slot's `feature_layers` inputs (float32 on the host)."""
+        if not self.feature_layers:
+            raise ValueError(f"this {self.name} runtime was opened without feature layers")
+        if self._features is None:
+            return torch.zeros(0, 0)  # nothing has run yet
+        return self._features[: len(self)]
+
+    def ready_for(self, context: list[int]) -> bool:
+        """Whether this model can run on `context` now (an EAGLE-3 head needs the target to
+        have read it first); drafters make a plain round when it cannot."""
+        return True
+
+    def reusable_slots(self) -> int:
+        """How many leading cached slots may serve as context for what comes next."""
+        return self.chain_length
 
     def close(self) -> None:
         """Free what the runtime holds outside Python's memory (a llama.cpp context)."""
@@ -145,7 +178,7 @@ class ModelRuntime(ABC):
         of `context` it still lacks. At least the last id is always left pending, since its
         logits are what the caller needs next."""
         shared = 0
-        limit = min(self.chain_length, len(context) - 1)
+        limit = min(self.reusable_slots(), len(context) - 1)
         while shared < limit and self.cached_ids[shared] == context[shared]:
             shared += 1
         self.crop(shared)
@@ -163,6 +196,28 @@ class ModelRuntime(ABC):
         (1 + len(extra), V), in one forward over whatever the cache lacks."""
         new_ids = self.pending(context) + list(extra)
         return self.forward(new_ids, logits_wanted=1 + len(extra))
+
+    def visible_slots(self, parents: list[int]) -> torch.Tensor:
+        """(T, len(self) + T) bool, for T new tokens following `parents` (as in `_run_tree`):
+        which slots each new token attends to, its ancestors and itself."""
+        past, width = len(self), len(parents)
+        visible = torch.zeros(width, past + width, dtype=torch.bool)
+        # New tokens that just continue the cached chain (a prompt before its tree) see
+        # everything before them: one triangle instead of a row each.
+        lead = 0
+        if self.chain_length == past:
+            while lead < width and parents[lead] == past - 1 + lead:
+                lead += 1
+        visible[:lead, : past + lead] = torch.ones(lead, past + lead, dtype=torch.bool).tril(past)
+        for row, parent in enumerate(parents[lead:], start=lead):
+            if parent >= past:
+                visible[row] = visible[parent - past]
+            elif parent >= 0:
+                last_chain_slot, branch = self.ancestors(parent)
+                visible[row, : last_chain_slot + 1] = True
+                visible[row, branch] = True
+            visible[row, past + row] = True
+        return visible
 
     def ancestors(self, slot: int) -> tuple[int, list[int]]:
         """(c, branch): `slot` sees every chain slot up to c and the tree slots in `branch`."""
@@ -184,6 +239,19 @@ class ModelRuntime(ABC):
         self.slot_parents.extend(parents)
         self.slot_positions.extend(positions)
         self.forward_calls += 1
+
+    def _record_features(self, start: int) -> None:
+        """Keep the features of the slots from `start` on, which the last run appended."""
+        if not self.feature_layers:
+            return
+        new = self._last_features().float()  # (T, F)
+        end = start + new.shape[0]
+        if self._features is None or self._features.shape[0] < end:
+            grown = torch.zeros(max(end, 2 * (0 if self._features is None else self._features.shape[0]), 256), new.shape[1])
+            if self._features is not None:
+                grown[:start] = self._features[:start]
+            self._features = grown
+        self._features[start:end] = new
 
     def _reset_chain_bookkeeping(self) -> None:
         length = len(self.cached_ids)

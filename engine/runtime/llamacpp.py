@@ -11,7 +11,6 @@ chain rolls back with one `seq_rm`.
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +19,8 @@ import torch
 
 from ..errors import ModelLoadError, OutOfMemoryError
 from .base import ModelRuntime
-from .llamacpp_library import library, recent_errors
+from .cpu import physical_cores, repacking_crashes
+from .llamacpp_library import layer_input_functions, library, recent_errors
 
 COMMITTED = 0  # the sequence that holds the committed context
 # Sequences a context can hold at once: the committed one plus one per tree leaf. Trees
@@ -41,6 +41,8 @@ class LlamaCppWeights:
     supports_trees: bool
     gpu_layers: int
     file_type: str  # e.g. "Q4_1", as llama.cpp describes the weights
+    hidden_size: int = 0
+    layer_count: int = 0
 
     def close(self) -> None:
         if self.handle:
@@ -55,9 +57,7 @@ def load_weights(path: Path, use_gpu: bool) -> LlamaCppWeights:
         raise ModelLoadError(f"Model file not found: {path}")
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = -1 if use_gpu and llama_cpp.llama_supports_gpu_offload() else 0
-    if "amx_int8" in _cpu_flags():
-        # llama.cpp repacks weights for its AMX kernels on such CPUs, and its first decode
-        # then segfaults (llama-cpp-python 0.3.36; upstream ggml-org/llama.cpp#20824).
+    if repacking_crashes():
         params.use_extra_bufts = False
     recent_errors()  # forget older messages
     handle = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
@@ -78,13 +78,32 @@ def load_weights(path: Path, use_gpu: bool) -> LlamaCppWeights:
         supports_trees=llama_cpp.llama_model_n_swa(handle) == 0,
         gpu_layers=params.n_gpu_layers,
         file_type=description.value.decode(errors="replace").rsplit(" ", 1)[-1],
+        hidden_size=llama_cpp.llama_model_n_embd(handle),
+        layer_count=llama_cpp.llama_model_n_layer(handle),
     )
+
+
+def token_embeddings(path: Path) -> torch.Tensor:
+    """(V, H) float32: the token embedding matrix of a GGUF file, dequantised (what an EAGLE-3
+    head reads as its input tokens' embeddings). Read with the gguf package: portable, and
+    llama.cpp's own getter has C++ linkage."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    for tensor in GGUFReader(str(path)).tensors:
+        if tensor.name == "token_embd.weight":
+            rows = dequantize(tensor.data, tensor.tensor_type)  # (V, H)
+            return torch.from_numpy(np.array(rows, dtype=np.float32))  # a writable copy
+    raise ModelLoadError(f"{path.name} has no token embeddings (token_embd.weight).")
 
 
 class LlamaCppRuntime(ModelRuntime):
     name = "llama.cpp"
 
-    def __init__(self, weights: LlamaCppWeights, context_length: int, threads: int | None = None, hidden_states: bool = False):
+    def __init__(
+        self, weights: LlamaCppWeights, context_length: int, threads: int | None = None, hidden_states: bool = False,
+        feature_layers: tuple[int, ...] = (),
+    ):
         super().__init__(weights.vocab_size)
         self._llama = library()
         self.weights = weights
@@ -98,7 +117,7 @@ class LlamaCppRuntime(ModelRuntime):
         # llama.cpp reserves an output row per sequence at least, and asserts that fits.
         params.n_outputs_max = max(self._batch_tokens, SEQUENCES)
         params.kv_unified = True  # tree tokens are shared by several sequences
-        params.n_threads = params.n_threads_batch = threads or _physical_cores()
+        params.n_threads = params.n_threads_batch = threads or physical_cores()
         params.no_perf = True
         # With embeddings on and no pooling, each decode also returns every output token's
         # final-norm hidden state beside its logits (what learned verifier heads read).
@@ -112,6 +131,9 @@ class LlamaCppRuntime(ModelRuntime):
             reason = recent_errors() or "out of memory?"
             raise OutOfMemoryError(f"llama.cpp could not make a context of {context_length} tokens for {weights.path}: {reason}")
         self._memory = self._llama.llama_get_memory(self._context)
+        self.feature_layers = tuple(feature_layers)
+        self._layer_inputs = self._extract_layer_inputs(self.feature_layers)
+        self._new_features: np.ndarray | None = None
         self._batch = self._llama.llama_batch_init(self._batch_tokens, 0, SEQUENCES)
         self._slot_sequence: list[int] = []  # slot -> a sequence that holds its whole path
         self._sequence_tip: dict[int, int] = {}  # sequence -> its deepest slot
@@ -136,6 +158,8 @@ class LlamaCppRuntime(ModelRuntime):
         sequences = self._assign_sequences(parents)
         logits = np.empty((logits_wanted, self.vocab_size), dtype=np.float32)
         hidden = np.empty((logits_wanted, self._hidden_width), dtype=np.float32) if self._hidden_width else None
+        width = self._llama.llama_model_n_embd(self.weights.handle)
+        features = np.empty((len(new_ids), width * len(self.feature_layers)), dtype=np.float32) if self.feature_layers else None
         first_wanted = len(new_ids) - logits_wanted
         filled = 0
         for begin in range(0, len(new_ids), self._batch_tokens):
@@ -144,6 +168,11 @@ class LlamaCppRuntime(ModelRuntime):
             status = self._llama.llama_decode(self._context, self._batch)
             if status != 0:
                 raise self._decode_error(status)
+            if features is not None:
+                # One block of n_embd floats per batch token, in the batch's order.
+                for column, layer in enumerate(self.feature_layers):
+                    rows = np.ctypeslib.as_array(self._layer_inputs(self._context, layer), shape=(end - begin, width))
+                    features[begin:end, column * width:(column + 1) * width] = rows
             # By batch row: with embeddings on, llama.cpp outputs every token, not only the
             # ones asked for. Rows are copied: llama.cpp reuses its buffers.
             for row in range(end - begin - outputs, end - begin):
@@ -154,7 +183,26 @@ class LlamaCppRuntime(ModelRuntime):
                     hidden[filled] = np.ctypeslib.as_array(row_hidden, shape=(self._hidden_width,))
                 filled += 1
         self._hidden = hidden
+        self._new_features = features
         return torch.from_numpy(logits)
+
+    def _last_features(self) -> torch.Tensor:
+        return torch.from_numpy(self._new_features)
+
+    def _extract_layer_inputs(self, layers: tuple[int, ...]):
+        """Turn on llama.cpp's extraction of these layers' inputs; the getter, or None."""
+        if not layers:
+            return None
+        functions = layer_input_functions()
+        if functions is None:
+            raise ModelLoadError(
+                "This build of llama.cpp cannot hand out layer features, which an EAGLE-3 head needs; "
+                "run the pair on the torch runtime."
+            )
+        setter, getter = functions
+        for layer in layers:
+            setter(self._context, layer, True)
+        return getter
 
     def last_hidden_states(self) -> torch.Tensor:
         if self._hidden is None:
@@ -246,19 +294,3 @@ class LlamaCppRuntime(ModelRuntime):
         if status == 1:
             return OutOfMemoryError(f"llama.cpp found no room in its KV cache for {self.weights.path.name}. {reason}".strip())
         return ModelLoadError(f"llama.cpp failed to run {self.weights.path.name} (llama_decode returned {status}). {reason}".strip())
-
-
-def _physical_cores() -> int:
-    import psutil
-
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()

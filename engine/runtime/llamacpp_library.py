@@ -74,6 +74,38 @@ def library():
     return llama_cpp
 
 
+# llama.cpp's own EAGLE-3 support makes a context extract the residual stream entering any
+# layer, for every token of a batch, in the same pass (`llama_set_embeddings_layer_inp` and
+# its getter, src/llama-ext.h). This is the fast way to read a target's features: no graph
+# callback per tensor, no extra pass. The two functions are exported with C++ linkage, so they
+# are found by their mangled names (Itanium on Linux and macOS, MSVC on Windows); a build
+# without them simply offers no EAGLE-3 drafting on llama.cpp.
+_LAYER_INPUT_SYMBOLS = {
+    "set": ("_Z30llama_set_embeddings_layer_inpP13llama_contextjb", "?llama_set_embeddings_layer_inp@@YAXPEAUllama_context@@I_N@Z"),
+    "get": ("_Z30llama_get_embeddings_layer_inpP13llama_contextj", "?llama_get_embeddings_layer_inp@@YAPEAMPEAUllama_context@@I@Z"),
+}
+
+
+def layer_input_functions():
+    """(set, get): turn on a layer's input extraction for a context, and read it as a float
+    pointer (n_embd floats per batch token); None where this build lacks them."""
+    shared = library().llama_cpp._lib
+    found = {}
+    for role, names in _LAYER_INPUT_SYMBOLS.items():
+        for name in names:
+            try:
+                found[role] = getattr(shared, name)
+                break
+            except AttributeError:
+                continue
+        else:
+            return None
+    setter, getter = found["set"], found["get"]
+    setter.argtypes, setter.restype = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_bool], None
+    getter.argtypes, getter.restype = [ctypes.c_void_p, ctypes.c_uint32], ctypes.POINTER(ctypes.c_float)
+    return setter, getter
+
+
 def recent_errors() -> str:
     """The library's last warnings and errors, for an error message ('' when there were none)."""
     with _log_lock:

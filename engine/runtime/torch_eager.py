@@ -23,12 +23,14 @@ def keeps_every_position(model: torch.nn.Module) -> bool:
 class TorchRuntime(ModelRuntime):
     name = "torch"
 
-    def __init__(self, model: torch.nn.Module, device: torch.device, hidden_states: bool = False):
+    def __init__(self, model: torch.nn.Module, device: torch.device, hidden_states: bool = False, feature_layers: tuple[int, ...] = ()):
         super().__init__(model.get_output_embeddings().weight.shape[0])
         self.model = model
         self.device = device
         self.returns_hidden = hidden_states
+        self.feature_layers = tuple(feature_layers)
         self._hidden: torch.Tensor | None = None
+        self._new_features: torch.Tensor | None = None
         self.supports_trees = keeps_every_position(model)
         self.cache = DynamicCache(config=model.config)
 
@@ -42,23 +44,7 @@ class TorchRuntime(ModelRuntime):
         return output.logits[0].float()  # (logits_wanted, V)
 
     def _run_tree(self, new_ids: list[int], parents: list[int], positions: list[int], logits_wanted: int) -> torch.Tensor:
-        past, width = len(self), len(new_ids)
-        allowed = torch.zeros(width, past + width, dtype=torch.bool)  # (T, past + T)
-        # New tokens that just continue the cached chain (a prompt before its tree) see
-        # everything before them: one triangle instead of a row each.
-        lead = 0
-        if self.chain_length == past:
-            while lead < width and parents[lead] == past - 1 + lead:
-                lead += 1
-        allowed[:lead, : past + lead] = torch.ones(lead, past + lead, dtype=torch.bool).tril(past)
-        for row, parent in enumerate(parents[lead:], start=lead):
-            if parent >= past:
-                allowed[row] = allowed[parent - past]
-            elif parent >= 0:
-                last_chain_slot, branch = self.ancestors(parent)
-                allowed[row, : last_chain_slot + 1] = True
-                allowed[row, branch] = True
-            allowed[row, past + row] = True
+        allowed = self.visible_slots(parents)  # (T, past + T)
         dtype = self.model.dtype if self.model.dtype.is_floating_point else torch.float32
         # Additive mask, (1, 1, T, past + T): 0 where allowed, the dtype's most negative
         # value elsewhere (not -inf, which turns a fully masked row into NaN).
@@ -74,11 +60,19 @@ class TorchRuntime(ModelRuntime):
 
     def _call(self, **inputs):
         with torch.inference_mode():
-            output = self.model(**inputs, past_key_values=self.cache, use_cache=True, output_hidden_states=self.returns_hidden)
+            output = self.model(
+                **inputs, past_key_values=self.cache, use_cache=True, output_hidden_states=self.returns_hidden or bool(self.feature_layers)
+            )
         if self.returns_hidden:
             # transformers' last entry is after the final norm: what the LM head reads.
             self._hidden = output.hidden_states[-1][0, -output.logits.shape[1]:].float()
+        if self.feature_layers:
+            # hidden_states[i] is what enters layer i (0: the embeddings), llama.cpp's "layer input" i.
+            self._new_features = torch.cat([output.hidden_states[layer][0] for layer in self.feature_layers], dim=-1).float()
         return output
+
+    def _last_features(self) -> torch.Tensor:
+        return self._new_features
 
     def last_hidden_states(self) -> torch.Tensor:
         if self._hidden is None:

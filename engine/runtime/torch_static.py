@@ -47,8 +47,10 @@ LLAMA_LAYOUT_TYPES = {"llama", "mistral", "qwen2"}
 FIXED_ROPE_TYPES = {"default", "linear", "llama3", "yarn"}
 
 # A captured forward: its graph and the static outputs each replay rewrites, (bucket, V)
-# logits and the (bucket, D) final-norm hidden states they came from.
-Captured = tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, torch.Tensor]]
+# logits, the (bucket, D) final-norm hidden states they came from, and the (bucket, F)
+# inputs of the feature layers (F = 0 without any).
+Outputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+Captured = tuple[torch.cuda.CUDAGraph, Outputs]
 
 
 def runs_static(model: torch.nn.Module) -> bool:
@@ -79,9 +81,10 @@ def _rope_is_fixed(rotary_embedding: torch.nn.Module | None) -> bool:
 class StaticCacheForward:
     """One forward of a Llama-layout model over a preallocated KV cache of `rows` rows."""
 
-    def __init__(self, model: torch.nn.Module, rows: int, device: torch.device):
+    def __init__(self, model: torch.nn.Module, rows: int, device: torch.device, feature_layers: tuple[int, ...] = ()):
         self.model = model
         self.rows = rows
+        self.feature_layers = tuple(feature_layers)
         config = model.config
         attention = model.model.layers[0].self_attn
         dtype = model.dtype  # the compute dtype (an int8 weight-only model computes in bf16)
@@ -100,17 +103,20 @@ class StaticCacheForward:
 
     def __call__(
         self, ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, visible: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> Outputs:
         """ids, positions, rows: (n,); visible: (n, window) bool over the cache's first
         `window` rows. Writes each token's keys and values at its row, then attends within
-        the window. Returns (n, V) logits and the (n, D) final-norm hidden states the LM head
-        read, both in the model's dtype."""
+        the window. Returns (n, V) logits, the (n, D) final-norm hidden states the LM head
+        read and the (n, F) inputs of the feature layers, all in the model's dtype."""
         decoder = self.model.model
         count, window = visible.shape
         hidden = decoder.embed_tokens(ids[None])  # (1, n, H)
         cos, sin = decoder.rotary_emb(hidden, positions[None])
         mask = _grouped_mask(visible, self.query_groups, hidden.dtype)  # (1, 1, groups * n, window)
-        for layer, (keys, values) in zip(decoder.layers, self.cache):
+        captured = []  # the residual stream entering each feature layer
+        for index, (layer, (keys, values)) in enumerate(zip(decoder.layers, self.cache)):
+            if index in self.feature_layers:
+                captured.append(hidden[0])
             attention = layer.self_attn
             x = layer.input_layernorm(hidden)
             heads = (1, count, -1, attention.head_dim)
@@ -124,7 +130,9 @@ class StaticCacheForward:
             hidden = hidden + attention.o_proj(attended.transpose(1, 2).reshape(1, count, -1))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         final = decoder.norm(hidden)[0]  # (n, D)
-        return self.model.lm_head(final), final
+        in_order = sorted(self.feature_layers)  # the order the loop met them
+        features = torch.cat([captured[in_order.index(layer)] for layer in self.feature_layers], dim=-1) if captured else final[:, :0]
+        return self.model.lm_head(final), final, features
 
     def move(self, source: torch.Tensor, destination: torch.Tensor) -> None:
         for keys, values in self.cache:
@@ -162,18 +170,21 @@ class StaticTorchRuntime(ModelRuntime):
     hidden states of the rows it returned logits for, a second output of the same graph."""
 
     def __init__(
-        self, model: torch.nn.Module, device: torch.device, capacity: int, graphs: bool | None = None, hidden_states: bool = False
+        self, model: torch.nn.Module, device: torch.device, capacity: int, graphs: bool | None = None, hidden_states: bool = False,
+        feature_layers: tuple[int, ...] = (),
     ):
         super().__init__(model.get_output_embeddings().weight.shape[0])
         self.device = device
         self.returns_hidden = hidden_states
+        self.feature_layers = tuple(feature_layers)
         self._hidden: torch.Tensor | None = None
+        self._new_features: torch.Tensor | None = None
         self.graphs_enabled = device.type == "cuda" if graphs is None else graphs
         self.name = "torch + CUDA graphs" if self.graphs_enabled else "torch (static cache)"
         self.capacity = capacity
         rows = SCRATCH_ROWS + capacity
         self.windows = _windows(rows)
-        self.forward_pass: StaticCacheForward | None = StaticCacheForward(model, rows, device)  # None once closed
+        self.forward_pass: StaticCacheForward | None = StaticCacheForward(model, rows, device, self.feature_layers)  # None once closed
         widest = BUCKETS[-1]
         with torch.inference_mode():
             # One set of input buffers; a graph reads the first rows (and columns) it needs.
@@ -202,17 +213,7 @@ class StaticTorchRuntime(ModelRuntime):
         return self._run(new_ids, list(range(start, start + count)), visible, logits_wanted)
 
     def _run_tree(self, new_ids: list[int], parents: list[int], positions: list[int], logits_wanted: int) -> torch.Tensor:
-        past = len(self)
-        visible = torch.zeros(len(new_ids), past + len(new_ids), dtype=torch.bool)  # token x slot
-        for row, parent in enumerate(parents):
-            if parent >= past:
-                visible[row] = visible[parent - past]
-            elif parent >= 0:
-                last_chain_slot, branch = self.ancestors(parent)
-                visible[row, : last_chain_slot + 1] = True
-                visible[row, branch] = True
-            visible[row, past + row] = True
-        return self._run(new_ids, positions, visible, logits_wanted)
+        return self._run(new_ids, positions, self.visible_slots(parents), logits_wanted)  # (token, slot)
 
     def _keep(self, prefix: int, extra_slots: list[int]) -> None:
         self._check_open()
@@ -256,16 +257,22 @@ class StaticTorchRuntime(ModelRuntime):
             chunk_visible = visible[begin:end, : start + end]
             wanted_from = max(first_wanted - begin, 0)  # the chunk's first row whose logits are wanted
             pieces.append(self._run_chunk(new_ids[begin:end], positions[begin:end], start + begin, chunk_visible, wanted_from))
-        logits, hidden = zip(*pieces)
+        logits, hidden, features = zip(*pieces)
         if self.returns_hidden:
             self._hidden = _joined(hidden)
+        if self.feature_layers:
+            self._new_features = torch.cat(features)
         return _joined(logits)
+
+    def _last_features(self) -> torch.Tensor:
+        return self._new_features
 
     def _run_chunk(
         self, ids: list[int], positions: list[int], first_slot: int, visible: torch.Tensor, wanted_from: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Run up to a bucket of tokens. Returns the float32 logits of its rows from
-        `wanted_from` on, and their hidden states when the runtime returns them (else None)."""
+        `wanted_from` on, their hidden states when the runtime returns them, and every row's
+        features when it records them (else None)."""
         count, slots = visible.shape
         bucket = next(size for size in BUCKETS if size >= count)
         window = next(width for width in self.windows if width >= SCRATCH_ROWS + slots)
@@ -279,17 +286,18 @@ class StaticTorchRuntime(ModelRuntime):
             self.positions[:bucket].copy_(torch.tensor(positions + [0] * padding), non_blocking=True)
             self.rows[:bucket].copy_(torch.tensor(rows), non_blocking=True)
             self.visible[:bucket, :window].copy_(padded_visible, non_blocking=True)
-            logits, hidden = self._outputs(bucket, window)
+            logits, hidden, features = self._outputs(bucket, window)
             # Only the wanted rows are upcast. Copies even when already float32: the next
             # replay reuses the graph's output memory.
             wanted = slice(wanted_from, count)
             hidden_rows = hidden[wanted].to(torch.float32, copy=True) if self.returns_hidden else None
-            return logits[wanted].to(torch.float32, copy=True), hidden_rows
+            feature_rows = features[:count].to(torch.float32, copy=True).cpu() if self.feature_layers else None
+            return logits[wanted].to(torch.float32, copy=True), hidden_rows, feature_rows
 
-    def _forward(self, bucket: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, bucket: int, window: int) -> Outputs:
         return self.forward_pass(self.ids[:bucket], self.positions[:bucket], self.rows[:bucket], self.visible[:bucket, :window])
 
-    def _outputs(self, bucket: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _outputs(self, bucket: int, window: int) -> Outputs:
         """The forward over the inputs in the buffers: its graph replayed, or run eagerly."""
         captured = self._graph(bucket, window) if self.graphs_enabled else None
         if captured is None:

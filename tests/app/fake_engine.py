@@ -14,7 +14,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from engine.config import HEAD_METHODS, DecodeSettings, ModelSpec, PairConfig
+from engine import methods
+from engine.config import DecodeSettings, ModelSpec, PairConfig
 from engine.errors import IncompatiblePairError, ModelLoadError, OutOfMemoryError, TandemError
 from engine.events import Finished, PromptPrepared, PromptProgress, Provenance, StatsUpdate, TextDelta
 from engine.stats import GenerationStats
@@ -140,7 +141,8 @@ class FakePair:
 
     @property
     def methods(self) -> tuple[str, ...]:
-        return ("ar", "chain") + (HEAD_METHODS if self.heads is not None else ())
+        # Like every real pair, it offers `auto` (replies then draft like the chain here).
+        return ("auto", "ar", "chain") + (tuple(row.name for row in methods.TABLE if methods.HEADS in row.needs) if self.heads is not None else ())
 
     @property
     def verifiers(self) -> tuple[tuple[str, str, bool], ...]:

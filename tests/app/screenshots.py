@@ -284,7 +284,7 @@ def sprinter(app: QApplication, home: Path) -> None:
     are calibrated (in Settings, with progress), then a SPRINTER reply."""
     from app.engine_api import LocalEngine
     from app.main_window import MainWindow
-    from engine.heads.calibrate import CalibrationSettings
+    from engine.tools.calibrate.calibrate import CalibrationSettings
 
     window = MainWindow(LocalEngine(CalibrationSettings(**SCREENSHOT_CALIBRATION)))
     window.resize(1360, 860)

@@ -36,6 +36,9 @@ def test_head_methods_are_named_with_their_own_knobs_and_sprinter_as_approximate
     rows = dict(detail_rows(figures))
     assert rows["Verifier"] == "SPRINTER (approximate)"
     assert rows["Unchecked tokens"] == "75% (30 of 40 tokens never seen by the target)"
-    assert rows["Held-out quality"] == "η 9.8% · accuracy 87% (constant 74%)"
+    assert rows["Held-out quality"] == (
+        "lets through 10% of the tokens the target would reject; right 87% of the time "
+        "(always guessing the commoner answer: 74%)"
+    )
     # A reply saved before SPRINTER existed has no `exact` and was exact.
     assert dict(detail_rows({"stats": {"tokens_generated": 3}, "decoding": {"method": "chain"}}))["Verifier"] == "Exact"

@@ -146,9 +146,9 @@ def test_the_system_prompt_belongs_to_its_conversation(ready_window, qtbot):
 def test_switching_method_applies_to_the_next_reply(ready_window, qtbot):
     engine = FakeEngine()
     window = ready_window(engine)
-    # A first start asks for trees; this pair has no draft model for them, so it chains.
-    assert window.settings.decoding.method == "tree"
-    assert window.decode_settings().method == window.method_combo.currentData() == "chain"
+    # A first start decodes with auto, which every pair offers.
+    assert window.settings.decoding.method == "auto"
+    assert window.decode_settings().method == window.method_combo.currentData() == "auto"
     window.method_combo.setCurrentIndex(window.method_combo.findData("ar"))
     window.method_combo.activated.emit(window.method_combo.currentIndex())
     finished = send_and_wait(qtbot, window, "Hi")
@@ -168,7 +168,7 @@ def test_replies_are_sampled_by_default_and_greedy_is_one_click_away(ready_windo
 
     window.greedy_action.trigger()  # one click
     assert window.greedy_action.isChecked()
-    assert window.method_combo.currentData() == window.decode_settings().method == "chain"  # unchanged
+    assert window.method_combo.currentData() == window.decode_settings().method == "auto"  # unchanged
     with qtbot.waitSignal(window.client.finished, timeout=5000):
         window.regenerate_action.trigger()
     assert engine.requests[-1][1].temperature == 0.0

@@ -40,8 +40,8 @@ def test_the_switch_is_on_the_toolbar_and_disabled_with_how_to_enable_it_until_t
     assert "Calibrate heads" in switch.toolTip() and "tandem calibrate --pair demo" in switch.toolTip()
     assert "Calibrate heads" in switch.buttons["sprinter"].toolTip()
     choose_sprinter(window)  # a disabled button does nothing
-    assert window.settings.verifier_mode == "exact" and window.decode_settings().method == "chain"
-    assert method_box(window) == ["ar", "chain"]
+    assert window.settings.verifier_mode == "exact" and window.decode_settings().method == "auto"
+    assert method_box(window) == ["auto", "ar", "chain"]
 
 
 def test_a_pair_without_a_draft_model_says_sprinter_needs_one(make_window, qtbot):
@@ -79,13 +79,15 @@ def test_calibrating_in_settings_shows_progress_then_enables_the_switch_and_the_
     assert not panel.progress.isVisible() and panel.calibrate_button.text() == "Calibrate again"
     assert "Calibrated and saved" in panel.outcome.text()
     figures = panel.summary.text()
-    assert "9.8%" in figures and "87% (constant 74%)" in figures and "160 prompts" in figures
+    assert "9.8%" in figures and "87%" in figures and "74%" in figures and "160 prompts" in figures
     assert window.verifier_switch.isEnabled()
-    assert "sampled as replies are now: η 10.0%" in window.verifier_switch.buttons["sprinter"].toolTip()
+    assert "sampled as replies are now: lets through 10%" in window.verifier_switch.buttons["sprinter"].toolTip()
+    assert "right 81% of the time" in window.verifier_switch.buttons["sprinter"].toolTip()
     window.greedy_action.trigger()
-    assert "greedy as replies are now: η 9.8%" in window.verifier_switch.buttons["sprinter"].toolTip()
-    assert method_box(window) == ["ar", "chain", "adaptive"]
-    assert window.method_combo.itemText(2) == "adaptive chain (SpecDec++)"
+    assert "greedy as replies are now: lets through 10%" in window.verifier_switch.buttons["sprinter"].toolTip()
+    assert "right 87% of the time" in window.verifier_switch.buttons["sprinter"].toolTip()
+    assert method_box(window) == ["auto", "ar", "chain", "adaptive"]
+    assert window.method_combo.itemText(3) == "adaptive chain (SpecDec++)"
     assert window.load_label.text().startswith("Ready")
     assert window.pane.send_button.isEnabled()
 
@@ -105,7 +107,7 @@ def test_cancelling_a_calibration_leaves_everything_as_it_was(ready_window, qtbo
     assert "cancelled" in panel.outcome.text() and panel.calibrate_button.text() == "Calibrate heads"
     assert panel.calibrate_button.isVisible() and not panel.progress.isVisible()
     send_and_wait(qtbot, window, "Still here?")
-    assert engine.requests[-1][1].method == "chain"
+    assert engine.requests[-1][1].method == "auto"
 
 
 def test_a_failed_calibration_is_shown_and_the_app_keeps_running(ready_window, qtbot):
@@ -125,7 +127,7 @@ def test_a_sprinter_reply_is_marked_approximate_on_screen_in_the_speed_panel_and
     engine = FakeEngine(heads=True)
     window = make_window(engine)
     qtbot.waitUntil(lambda: window.client.pair is not None, timeout=5000)
-    assert window.verifier_switch.isEnabled() and method_box(window) == ["ar", "chain", "adaptive"]
+    assert window.verifier_switch.isEnabled() and method_box(window) == ["auto", "ar", "chain", "adaptive"]
     choose_sprinter(window)
     assert window.verifier_switch.mode == "sprinter" and not window.method_combo.isEnabled()
 
@@ -141,7 +143,10 @@ def test_a_sprinter_reply_is_marked_approximate_on_screen_in_the_speed_panel_and
     assert unchecked > 0 and f"{unchecked} of {finished.stats.tokens_generated} tokens" in panel.values["unchecked"].text()
     assert panel.values["skipped"].text().startswith(f"{finished.stats.target_calls_skipped} ")
     assert finished.stats.target_calls_skipped > 0
-    assert panel.values["quality"].text() == "η 10.0% · accuracy 81% (constant 66%)"  # sampled, at 0.7
+    assert panel.values["quality"].text() == (  # sampled, at 0.7
+        "lets through 10% of the tokens the target would reject; right 81% of the time "
+        "(always guessing the commoner answer: 66%)"
+    )
     assert panel.values["quality"].isVisibleTo(panel)
     saved = window.store.messages(window.controller.conversation_id)[-1]
     assert saved.verifier == "sprinter" and saved.figures["quality"]["false_positive_rate"] == 0.1
@@ -153,7 +158,7 @@ def test_a_sprinter_reply_is_marked_approximate_on_screen_in_the_speed_panel_and
 
     window.verifier_switch.buttons["exact"].click()
     finished = send_and_wait(qtbot, window, "Now exactly")
-    assert engine.requests[-1][1].method == "chain" and finished.stats.exact
+    assert engine.requests[-1][1].method == "auto" and finished.stats.exact
     assert not last_reply(window).badge.isVisibleTo(last_reply(window))
     assert panel.values["verifier"].text() == "Exact" and not panel.values["unchecked"].isVisibleTo(panel)
     window.close()
@@ -190,7 +195,7 @@ def test_a_pair_without_heads_writes_exact_replies_whatever_the_saved_switch_say
     assert not window.verifier_switch.isEnabled() and window.verifier_switch.mode == "exact"
     assert window.method_combo.isEnabled()
     send_and_wait(qtbot, window, "Exact here")
-    assert engine.requests[-1][1].method == "chain"
+    assert engine.requests[-1][1].method == "auto"
     assert not last_reply(window).badge.isVisibleTo(last_reply(window))
 
 

@@ -2,7 +2,7 @@
 quality is reported beside its speed."""
 import pytest
 
-from engine.bench import Bench, available_methods, format_table
+from engine.tools.bench import Bench, available_methods, format_table
 from engine.config import ConfigError, DecodeSettings
 from tests.engine.heads_fixtures import fixed_heads, tiny_draft_pair
 
@@ -29,7 +29,9 @@ def test_bench_reports_nll_and_rouge_against_ar(make_word_tokenizer):
     assert [run["tokens"] for run in rows["ar"]["per_prompt"]] == [24, 24]
     assert len(pair.target_runner) == 0  # the scoring forwards leave nothing cached
     table = format_table(report)
-    assert "nll" in table and "rougeL" in table and table.splitlines()[-1].endswith("APPROXIMATE, 100% unchecked")
+    sprinter_line = next(line for line in table.splitlines() if line.startswith("sprinter "))
+    assert "nll" in table and "rougeL" in table and sprinter_line.endswith("APPROXIMATE, 100% unchecked")
+    assert "nll: the target's mean negative log-likelihood" in table  # the legend says what the columns mean
 
 
 def test_without_ar_there_is_no_rouge_but_still_an_nll(make_word_tokenizer):
@@ -42,7 +44,7 @@ def test_without_ar_there_is_no_rouge_but_still_an_nll(make_word_tokenizer):
 def test_head_methods_need_calibrated_heads(make_word_tokenizer):
     pair = tiny_draft_pair(make_word_tokenizer)
     assert "adaptive" not in available_methods(pair) and "sprinter" not in available_methods(pair)
-    with pytest.raises(ConfigError, match=r"cannot run 'sprinter'; it offers ar, chain.*tandem calibrate --pair tiny"):
+    with pytest.raises(ConfigError, match=r"cannot decode with 'sprinter'.*tandem calibrate --pair tiny.* It offers auto, ar, chain"):
         Bench(pair, DecodeSettings(max_new_tokens=4)).run(PROMPTS, ["ar", "sprinter"], progress=quiet)
     pair.attach_heads(fixed_heads(passes=False))
     assert {"adaptive", "sprinter"} <= set(available_methods(pair))  # what --methods all runs
@@ -64,7 +66,7 @@ def test_table_shows_nll_rouge_and_marks_approximate_rows():
         row("sprinter", target_nll=2.5, rouge_l_vs_ar=0.625, exact=False, unchecked_share=0.25),
         row("hf-assisted"),  # a peer whose figures are missing shows dashes
     ]}
-    header, _, ar, sprinter, peer = format_table(report).splitlines()
+    header, _, ar, sprinter, peer = format_table(report).splitlines()[:5]
     assert header.split()[-5:] == ["exact", "nll", "rougeL", "peak", "MB"]
     assert ar.split()[-3:] == ["1.235", "1.000", "100"]
     assert sprinter.endswith("2.500  0.625      100  APPROXIMATE, 25% unchecked")

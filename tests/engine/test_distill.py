@@ -17,10 +17,10 @@ from engine.compat import check_pair_compatible
 from engine.chat_prompt import Message
 from engine.config import ConfigError, DecodeSettings, ModelSpec, PairConfig
 from engine.events import Finished
-from engine.distill import command, data
-from engine.distill.command import add_distill_command
-from engine.distill.pipeline import Distillation, Progress
-from engine.distill.train import CHECKPOINT_NAME
+from engine.tools.distill import command, data
+from engine.tools.distill.command import add_distill_command
+from engine.tools.distill.pipeline import Distillation, Progress
+from engine.tools.distill.train import CHECKPOINT_NAME
 from engine.models import load_model, load_tokenizer_only
 from tests.engine.tiny_models import tiny_llama
 
@@ -205,7 +205,7 @@ def test_the_ngram_table_is_built_from_the_draft_and_found_by_the_pair(finished_
     assert (finished_run / TABLE_FILE).is_file()
     pair = load_pair(PairConfig("tiny", ModelSpec(str(tiny_target), "fp32", "cpu"), ModelSpec(str(finished_run), "fp32", "cpu")))
     assert pair.ngram_model.background.after, "the pair did not load the draft's table"
-    assert set(pair.methods) == {"ar", "chain", "ngram", "tree", "staged"}
+    assert set(pair.methods) == {"auto", "ar", "chain", "ngram", "tree", "staged"}
 
     reference = greedy_reply(pair, "ar")
     for method in ("staged", "tree", "ngram"):
@@ -277,3 +277,57 @@ def test_a_prefix_that_cannot_be_cut_is_refused_before_the_run_starts(tiny_targe
     with pytest.raises(ConfigError, match=message):
         distill(*arguments, *extra)
     assert not out.exists(), "nothing claimed: the same folder can be used for the corrected command"
+
+
+# --- EAGLE-3 heads -------------------------------------------------------------------------
+
+EAGLE_ARGUMENTS = ["--kind", "eagle3", "--tokens", "3000", "--max-new-tokens", "16", "--epochs", "10", "--vocabulary", "48", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def six_layer_target(tmp_path_factory, make_word_tokenizer) -> Path:
+    """Deep enough for EAGLE-3's low, middle and high feature layers (2, 3, 3)."""
+    folder = tmp_path_factory.mktemp("eagle-target")
+    tokenizer = make_word_tokenizer(WORDS, chat_template=TEMPLATE)
+    tiny_llama(seed=6, vocab_size=len(tokenizer), layers=6, hidden=64).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def eagle_run(six_layer_target, prompts_file, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("eagle-run") / "head"
+    arguments = ["--target", str(six_layer_target), "--out", str(out), "--prompts", str(prompts_file), *EAGLE_ARGUMENTS]
+    assert distill(*arguments) == 0
+    return out
+
+
+def test_an_eagle3_run_learns_the_target_and_drafts_exactly_with_it(eagle_run, six_layer_target):
+    from engine.runtime.eagle3_head import load_head
+    from engine.session import load_pair
+
+    report = json.loads((eagle_run / "report.json").read_text())
+    assert report["kind"] == "eagle3" and report["ttt_steps"] == 3 and len(report["heldout"]) == 3
+    first, later = report["heldout"][0], report["heldout"][1]
+    assert first["agreement"] > report["heldout_initial"][0]["agreement"] + 0.1, report
+    assert later["agreement"] > report["heldout_initial"][1]["agreement"], report
+    head = load_head(eagle_run)  # the public layout, readable as it was written
+    assert head.config.draft_vocab_size <= 48 and head.config.layer_ids == (2, 3, 3)
+    pair = load_pair(PairConfig("tiny", ModelSpec(str(six_layer_target), precision="fp32", device="cpu"), runtime="torch", eagle=str(eagle_run)))
+    pair.stop_token_ids = frozenset()
+    expected = greedy_reply(pair, "ar")
+    for method in ("eagle", "eagle-tree"):
+        assert greedy_reply(pair, method) == expected, method
+    pair.close()
+
+
+def test_an_interrupted_eagle3_run_resumes_to_the_same_head(eagle_run, six_layer_target, prompts_file, tmp_path):
+    out = tmp_path / "head"
+    arguments = ["--target", str(six_layer_target), "--out", str(out), "--prompts", str(prompts_file), *EAGLE_ARGUMENTS]
+    assert distill(*arguments, "--stop-after-steps", "4") == 0
+    assert not (out / "config.json").exists()
+    assert distill("--out", str(out), "--resume") == 0
+    resumed, whole = load_file(out / "model.safetensors"), load_file(eagle_run / "model.safetensors")
+    assert resumed.keys() == whole.keys()
+    for name in whole:
+        torch.testing.assert_close(resumed[name], whole[name], msg=name)

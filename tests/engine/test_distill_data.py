@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from engine.distill.prompts import SYNTHETIC_FILE, synthesize_prompts, user_turn_prefix
-from engine.distill.replies import Job, Reply
+from engine.tools.distill.prompts import SYNTHETIC_FILE, synthesize_prompts, user_turn_prefix
+from engine.tools.distill.replies import Job, Reply
 from tests.engine.tiny_models import TEMPLATE, WORDS
 
 
@@ -110,7 +110,7 @@ def test_continuous_batching_on_llamacpp_writes_each_reply_as_one_sequence_alone
     """More jobs than slots, prompts of different lengths: every slot is reused, and every
     greedy reply equals the same model decoding that prompt alone (llama.cpp runtime)."""
     pytest.importorskip("llama_cpp")
-    from engine.distill.llamacpp_batch import LlamaCppBatchWriter
+    from engine.tools.distill.llamacpp_batch import LlamaCppBatchWriter
     from engine.runtime import llamacpp_library
     from engine.runtime.llamacpp import LlamaCppRuntime, load_weights
 

@@ -8,7 +8,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from engine.config import ConfigError
-from engine.distill.model import build_prefix_draft, prefix_shape
+from engine.tools.distill.model import build_prefix_draft, prefix_shape
 from engine.runtime.reduced_vocabulary import ReducedVocabulary
 from tests.engine.tiny_models import tiny_llama
 

@@ -13,15 +13,15 @@ from gguf import GGMLQuantizationType, GGUFReader, TokenType
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from engine import gguf_export
+from engine.tools import export_gguf as gguf_export
 from engine.cli import main
 from engine.config import DEMO_DRAFT_FOLDER
-from engine.distill.data import GenerationSettings
-from engine.distill.pipeline import Distillation, RunSettings
-from engine.distill.train import TrainSettings
+from engine.tools.distill.data import GenerationSettings
+from engine.tools.distill.pipeline import Distillation, RunSettings
+from engine.tools.distill.train import TrainSettings
 from engine.errors import ModelLoadError
-from engine.gguf_export import DRAFT_PRECISION, export_gguf
-from engine.gguf_vocab import UnsupportedTokenizerError, read_vocabulary
+from engine.tools.export_gguf import DRAFT_PRECISION, export_gguf
+from engine.tools.gguf_vocab import UnsupportedTokenizerError, read_vocabulary
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 LETTERS = ["a", "b", "c", "d", "e", "Ġ", "Ċ"]

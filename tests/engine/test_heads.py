@@ -12,7 +12,7 @@ from engine.chat_prompt import Message
 from engine.config import ConfigError, DecodeSettings, ModelSpec, PairConfig
 from engine.errors import ModelLoadError
 from engine.events import Finished, Provenance
-from engine.heads.calibrate import CalibrationCancelled, CalibrationSettings, calibrate
+from engine.tools.calibrate.calibrate import CalibrationCancelled, CalibrationSettings, calibrate
 from engine.heads.store import CARD_FILE, MODES, WEIGHTS_FILE, load_heads, save_heads
 from engine.models import LoadedModel
 from engine.session import LoadedPair, method_refusal
@@ -87,7 +87,7 @@ def test_cancelling_a_calibration_saves_nothing(pair, tmp_path):
 
 def test_without_heads_the_methods_are_refused_with_what_to_do(pair):
     assert "adaptive" not in pair.methods
-    with pytest.raises(ConfigError, match="tandem calibrate --pair 'tiny'"):
+    with pytest.raises(ConfigError, match="tandem calibrate --pair tiny"):
         reply(pair, method="sprinter")
 
 

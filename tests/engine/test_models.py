@@ -12,6 +12,7 @@ from huggingface_hub import constants as hub_constants
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from engine import models
+from engine.runtime import torch_load
 from engine.config import DEMO_TARGET, ModelSpec
 from engine.errors import ModelLoadError, OutOfMemoryError
 from engine.models import (
@@ -238,7 +239,7 @@ def test_a_new_transformers_version_converts_the_gguf_afresh(demo_target_path, m
 
 
 def test_weight_only_int8_loads_as_int8_layers_that_the_static_runtime_runs(tiny_model_folder):
-    from engine.int8_weights import Int8Linear
+    from engine.runtime.int8_weights import Int8Linear
     from engine.runtime.torch_static import StaticTorchRuntime
 
     loaded = load_model(ModelSpec(str(tiny_model_folder), precision="int8-wo", device="cpu"))
@@ -254,6 +255,6 @@ def test_running_out_of_memory_while_quantising_is_the_clear_out_of_memory_error
     def run_out(model):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
 
-    monkeypatch.setattr(models, "quantise_weight_only", run_out)
+    monkeypatch.setattr(torch_load, "quantise_weight_only", run_out)
     with pytest.raises(OutOfMemoryError, match="ran out of memory while loading"):
         load_model(ModelSpec(str(tiny_model_folder), precision="int8-wo", device="cpu"))

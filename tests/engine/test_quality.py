@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from engine.quality import lcs_length, rouge_l_f1, target_nll
+from engine.tools.quality import lcs_length, rouge_l_f1, target_nll
 from tests.engine.tiny_models import cached, tiny_gguf, tiny_llama
 
 

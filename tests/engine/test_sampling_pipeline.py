@@ -9,12 +9,11 @@ from collections import Counter
 import pytest
 import torch
 
-from engine.verify import exact_verifier
-from engine.decoding import speculative_round
-from engine.drafters.base import DraftProposal
+from engine.drafters.base import Proposal
 from engine.drafters.model_drafter import ModelDrafter
 from engine.sampling import Sampler
-from tests.engine.tiny_models import cached, tiny_llama
+from engine.verifying.exact import exact_verifier
+from tests.engine.tiny_models import cached, run_round, tiny_llama
 
 VOCAB = 8
 PROMPT = [1, 5, 2]
@@ -33,9 +32,9 @@ def one_thread():
 class LyingDrafter(ModelDrafter):
     """A plausible bug: the draft reports distributions other than those it sampled from."""
 
-    def propose(self, context, max_tokens, sampler):
-        proposal = super().propose(context, max_tokens, sampler)
-        return DraftProposal(proposal.tokens, torch.full_like(proposal.probs, 1 / VOCAB), proposal.forward_calls)
+    def propose(self, context, room, sampler):
+        proposal = super().propose(context, room, sampler)
+        return Proposal(proposal.tree, torch.full_like(proposal.draft_probs, 1 / VOCAB), proposal.draft_calls)
 
 
 def exact_two_token_distribution(target_model, sampler: Sampler) -> dict[tuple[int, int], float]:
@@ -71,12 +70,12 @@ def first_two_tokens(drafter_class, verifier: str, seed: int) -> tuple[Counter, 
     target_model = tiny_llama(seed=1, vocab_size=VOCAB)
     draft_model = tiny_llama(seed=2, vocab_size=VOCAB)
     sampler = Sampler(temperature=1.3, top_k=6, top_p=0.9, generator=torch.Generator().manual_seed(seed))
-    target, drafter = cached(target_model), drafter_class(cached(draft_model), VOCAB)
+    target, drafter = cached(target_model), drafter_class(cached(draft_model), VOCAB, 2)
     counts: Counter = Counter()
     for _ in range(SAMPLES):
         context = list(PROMPT)
         while len(context) < len(PROMPT) + 2:
-            context += speculative_round(target, drafter, context, 2, sampler, exact_verifier(verifier)).tokens
+            context += run_round(target, drafter, context, sampler, exact_verifier(verifier)).tokens
         counts[tuple(context[len(PROMPT) : len(PROMPT) + 2])] += 1
     return counts, exact_two_token_distribution(target_model, sampler)
 

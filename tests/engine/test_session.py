@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import engine.decoding
 import engine.session
 from engine.chat_prompt import Message
 from engine.config import ConfigError, DecodeSettings, PairConfig, ModelSpec, demo_pair
@@ -139,7 +138,7 @@ def test_trees_are_calibrated_once_at_load_so_no_reply_waits_for_it(make_word_to
     def no_more_timing(*args):
         raise AssertionError("a reply measured the verify cost again")
 
-    monkeypatch.setattr(engine.decoding, "time_verify", no_more_timing)
+    monkeypatch.setattr(engine.session, "time_verify", no_more_timing)
     for method in ("tree", "staged"):
         events = run(pair.generate([Message("user", "w1 w2 w3")], DecodeSettings(method=method, max_new_tokens=8)))
         assert len(events[-1].token_ids) == 8
@@ -158,8 +157,9 @@ def test_plain_decoding_makes_one_token_per_target_call_when_a_stop_token_ends_i
 
 
 def interrupt_target_call(pair, call: int) -> None:
-    """Make the target's `call`-th forward raise KeyboardInterrupt, as Ctrl-C does mid-round."""
-    forward = pair.target_runner.forward
+    """Make the target's `call`-th forward raise KeyboardInterrupt, as Ctrl-C does mid-round
+    (every round runs the target once, as a tree: a chain or the root alone)."""
+    forward = pair.target_runner.forward_tree
     calls = 0
 
     def interrupted_forward(*args, **kwargs):
@@ -169,7 +169,7 @@ def interrupt_target_call(pair, call: int) -> None:
             raise KeyboardInterrupt
         return forward(*args, **kwargs)
 
-    pair.target_runner.forward = interrupted_forward
+    pair.target_runner.forward_tree = interrupted_forward
 
 
 def test_an_interrupted_generation_keeps_the_reply_streamed_so_far(tiny_pair):

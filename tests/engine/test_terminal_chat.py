@@ -8,7 +8,8 @@ import re
 import pytest
 
 from engine.chat_prompt import Message
-from engine.config import DecodeSettings, default_method
+from engine.config import DecodeSettings
+from engine.methods import default_method
 from engine.terminal_chat import TerminalChat
 from tests.engine.heads_fixtures import fixed_heads, tiny_draft_pair
 from tests.engine.test_session import LONG_MESSAGE, interrupt_target_call, long_context_pair
@@ -59,7 +60,7 @@ def test_a_method_the_pair_cannot_run_is_refused_with_the_reason_and_the_chat_go
 def test_a_start_with_a_method_the_pair_cannot_run_falls_back_to_one_it_can(tiny_pair):
     chat, printed = chat_with(tiny_pair, ["w1 w2"], DecodeSettings(method="staged", max_new_tokens=4))
     assert "needs a draft model" in printed
-    assert chat.settings.method == "chain"
+    assert chat.settings.method == "auto"
     assert [m.role for m in chat.history] == ["user", "assistant"]
 
 
@@ -124,7 +125,7 @@ def test_sprinter_is_refused_with_what_to_do_when_the_pair_cannot_run_it(tiny_pa
 
     uncalibrated = tiny_draft_pair(make_word_tokenizer)
     chat, printed = chat_with(uncalibrated, ["/verifier sprinter"], DecodeSettings(method="chain", max_new_tokens=4))
-    assert "needs heads calibrated for the pair 'tiny'" in printed and "tandem calibrate --pair 'tiny'" in printed
+    assert "needs heads calibrated for the pair 'tiny'" in printed and "tandem calibrate --pair tiny" in printed
     assert chat.settings.method == "chain"
 
     uncalibrated.heads_problem = "The calibrated heads were trained on a draft of another width; run tandem calibrate again."

@@ -10,18 +10,18 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-import engine.decoding
-from engine.verify import exact_verifier
-from engine.decoding import speculative_round, tree_round
+import engine.verifying.exact
+from engine.drafters.tree_drafter import TreeRound
 from engine.drafters.backoff_ngram import BackoffNgram
 from engine.drafters.base import NoDrafter
 from engine.drafters.tree_drafter import TreeDrafter, TreeShape
 from engine.runtime import ModelRuntime
 from engine.sampling import Sampler
-from engine.tree import TokenTree, TreeVerdict, forward_tree, keep_path, verify_tree_greedy
+from engine.tree import TokenTree, TreeVerdict, forward_tree, keep_path
+from engine.verifying.exact import verify_tree_greedy
 from engine.tree_shape import AutoTreeShape, FixedTreeShape
 from tests.engine.test_sampling_pipeline import PROMPT, SAMPLES, VOCAB, chi_square, critical_value, exact_two_token_distribution
-from tests.engine.tiny_models import cached, tiny_llama
+from tests.engine.tiny_models import cached, run_round, tiny_llama
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +72,7 @@ def decode(target_model, context, rounds_until: int, step) -> list[int]:
 
 def ar_reference(target_model, prompt, length):
     runner = cached(target_model)
-    return decode(target_model, prompt, len(prompt) + length, lambda c: speculative_round(runner, NoDrafter(), c, 0, Sampler(), exact_verifier()).tokens)
+    return decode(target_model, prompt, len(prompt) + length, lambda c: run_round(runner, NoDrafter(), c).tokens)
 
 
 class SometimesPlain(FixedTreeShape):
@@ -100,10 +100,8 @@ def test_greedy_tree_decoding_equals_ar(draft_seed, stage):
         shape = TreeShape(budget=rng.randint(1, 24), depth=rng.randint(1, 6), branching=rng.randint(1, 4), beam=rng.randint(1, 4))
         for policy in (FixedTreeShape(shape), AutoTreeShape(max_budget=shape.budget), SometimesPlain(shape, rng.random())):
             target = cached(target_model)
-            drafter = TreeDrafter(cached(draft_model), 64, BackoffNgram(64) if stage else None)
-            output = decode(
-                target_model, prompt, len(reference), lambda c: tree_round(target, drafter, c, policy, Sampler()).tokens
-            )
+            drafter = TreeDrafter(cached(draft_model), 64, policy, BackoffNgram(64) if stage else None)
+            output = decode(target_model, prompt, len(reference), lambda c: run_round(target, drafter, c).tokens)
             assert output == reference, f"{shape} {type(policy).__name__}"
 
 
@@ -150,7 +148,7 @@ def test_compacted_caches_equal_a_fresh_recompute_after_many_rounds(stage):
     vocab = 12  # small, so that a random draft's trees are often partly right
     target_model, draft_model = tiny_llama(seed=4, vocab_size=vocab), tiny_llama(seed=5, vocab_size=vocab)
     target, draft = cached(target_model), cached(draft_model)
-    drafter = TreeDrafter(draft, vocab, BackoffNgram(vocab) if stage else None)
+    stage_model = BackoffNgram(vocab) if stage else None
     sampler = Sampler(temperature=1.0, generator=torch.Generator().manual_seed(0))
     rng = random.Random(1)
     context = [1, 2, 3, 4]
@@ -158,7 +156,7 @@ def test_compacted_caches_equal_a_fresh_recompute_after_many_rounds(stage):
     for _ in range(80):
         shape = TreeShape(budget=rng.randint(1, 16), depth=rng.randint(1, 5), branching=rng.randint(1, 4), beam=rng.randint(1, 3))
         policy = SometimesPlain(shape, rng.random(), plain_share=0.25)
-        outcome = tree_round(target, drafter, context, policy, sampler)
+        outcome = run_round(target, TreeDrafter(draft, vocab, policy, stage_model), context, sampler)
         accepted[outcome.accepted] += 1
         context += outcome.tokens
         assert target.cached_ids == context[: len(target)]
@@ -204,13 +202,12 @@ def first_two_tokens_from_trees(seed: int) -> tuple[Counter, dict]:
     draft_model = tiny_llama(seed=2, vocab_size=VOCAB)
     sampler = Sampler(temperature=1.3, top_k=6, top_p=0.9, generator=torch.Generator().manual_seed(seed))
     target = cached(target_model)
-    drafter = TreeDrafter(cached(draft_model), VOCAB)
-    policy = FixedTreeShape(TreeShape(budget=6, depth=2, branching=3, beam=2))
+    drafter = TreeDrafter(cached(draft_model), VOCAB, FixedTreeShape(TreeShape(budget=6, depth=2, branching=3, beam=2)))
     counts: Counter = Counter()
     for _ in range(SAMPLES):
         context = list(PROMPT)
         while len(context) < len(PROMPT) + 2:
-            context += tree_round(target, drafter, context, policy, sampler).tokens
+            context += run_round(target, drafter, context, sampler).tokens
         counts[tuple(context[len(PROMPT) : len(PROMPT) + 2])] += 1
     return counts, exact_two_token_distribution(target_model, sampler)
 
@@ -222,7 +219,7 @@ def test_sampled_tree_decoding_follows_the_target_distribution():
 
 
 def test_a_per_path_tree_verifier_is_caught(monkeypatch):
-    monkeypatch.setattr(engine.decoding, "verify_tree_sampled", biased_per_path_verifier)
+    monkeypatch.setattr(engine.verifying.exact, "verify_tree_sampled", biased_per_path_verifier)
     counts, expected = first_two_tokens_from_trees(seed=11)
     statistic, df = chi_square(counts, expected, SAMPLES)
     assert statistic > critical_value(df), f"a biased verifier passed: chi-square {statistic:.1f} on {df} df"
@@ -247,11 +244,11 @@ def test_auto_depth_follows_measured_acceptance():
     def trained(reaches: bool) -> int:
         shape = calibrated(0.0002)
         for _ in range(30):
-            shape.record(
+            shape.record(TreeRound(
                 depths=[0, 1, 2, 3, 4], scores=[0.0, -0.1, -0.2, -0.3, -0.4], accepted_depth=4 if reaches else 0,
                 tokens=5 if reaches else 1, draft_seconds=0.004, draft_calls=4,
                 verify_tokens=5, verify_seconds=0.021, round_seconds=0.025,
-            )
+            ))
         return shape.depth
 
     assert trained(reaches=True) > trained(reaches=False)
@@ -265,15 +262,15 @@ def test_auto_shape_drafts_only_while_trees_beat_plain_steps():
             if shape.speculate():
                 drafted += 1
                 depths, scores = [0, 1, 1, 2, 2, 3, 3, 3], [0.0, -0.5, -1.0, -1.0, -1.5, -1.5, -2.0, -2.5]
-                shape.record(
+                shape.record(TreeRound(
                     depths, scores, accepted_depth=tokens_per_tree_round - 1, tokens=tokens_per_tree_round,
                     draft_seconds=0.012, draft_calls=3, verify_tokens=8, verify_seconds=0.052, round_seconds=0.066,
-                )
+                ))
             else:
-                shape.record(
+                shape.record(TreeRound(
                     [0], [0.0], accepted_depth=0, tokens=1,
                     draft_seconds=0.0, draft_calls=0, verify_tokens=1, verify_seconds=0.024, round_seconds=0.025,
-                )
+                ))
         return drafted
 
     # 1.2 tokens per 66 ms round lose to one token per 25 ms: only the exploring rounds draft.
@@ -287,10 +284,10 @@ def test_reach_by_depth_never_rises_with_depth():
     shallow = ([0, 1, 2], [0.0, -0.1, -0.2], 0)  # 20 rounds whose trees stop at depth 2, all rejected
     deep = ([0, 1, 2, 3, 4], [0.0, -0.1, -0.2, -0.3, -0.4], 4)  # one deep tree, accepted in full
     for depths, scores, accepted_depth in [shallow] * 20 + [deep]:
-        shape.record(
+        shape.record(TreeRound(
             depths, scores, accepted_depth=accepted_depth, tokens=accepted_depth + 1, draft_seconds=0.004,
             draft_calls=len(depths) - 1, verify_tokens=len(depths), verify_seconds=0.021, round_seconds=0.025,
-        )
+        ))
     reach = [shape.reach_probability(depth) for depth in range(1, 7)]
     assert all(deeper <= shallower for shallower, deeper in zip(reach, reach[1:])), reach
     assert reach[3] < 0.1  # one lucky round in 21 does not make depth 4 likely
@@ -300,13 +297,13 @@ def test_auto_depth_stays_shallow_where_plain_steps_beat_tree_rounds():
     shape = calibrated(0.004)
     for _ in range(32):
         if shape.speculate():  # slow tree rounds that rarely go past depth 1
-            shape.record(
+            shape.record(TreeRound(
                 [0, 1, 2, 3], [0.0, -0.5, -1.0, -1.5], accepted_depth=1, tokens=2, draft_seconds=0.015,
                 draft_calls=3, verify_tokens=4, verify_seconds=0.036, round_seconds=0.120,
-            )
+            ))
         else:  # plain steps at 40 tokens/s
-            shape.record([0], [0.0], accepted_depth=0, tokens=1, draft_seconds=0.0, draft_calls=0,
-                         verify_tokens=1, verify_seconds=0.024, round_seconds=0.025)
+            shape.record(TreeRound([0], [0.0], accepted_depth=0, tokens=1, draft_seconds=0.0, draft_calls=0,
+                                   verify_tokens=1, verify_seconds=0.024, round_seconds=0.025))
     # No tree round ever reached depth 2: its estimated chance (~0.1) per 5 ms draft call is
     # ~20 tokens/s, more than the tree rounds' own 17 but half the plain steps' 40. Deeper
     # trees would only make the exploring rounds dearer.

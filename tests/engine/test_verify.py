@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from engine.sampling import Sampler
-from engine.verify import Verdict, _residual, one_hot_rows, verify_block, verify_greedy, verify_token_level
+from engine.sampling import one_hot_rows
+from engine.verifying.exact import Verdict, _residual, verify_block, verify_greedy, verify_token_level
 
 VOCAB = 3
 LENGTH = 3  # sequences of three tokens: 27 outcomes

@@ -40,13 +40,22 @@ def cached(model) -> TorchRuntime:
     return TorchRuntime(model, torch.device("cpu"))
 
 
+def run_round(target, drafter, context: list[int], sampler=None, verify=None):
+    """One speculative round as a reply plays it, with room to spare in the context."""
+    from engine.round import play_round
+    from engine.sampling import Sampler
+    from engine.verifying.exact import exact_verifier
+
+    return play_round(target, drafter, verify or exact_verifier(), context, 10**6, sampler or Sampler())
+
+
 def tiny_gguf(model: LlamaForCausalLM, folder, precision: str = "f32"):
     """`model` saved to `folder` with a small byte-level BPE tokenizer covering its
     vocabulary, and exported as GGUF for the llama.cpp runtime; returns the GGUF path."""
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from engine.gguf_export import export_gguf
+    from engine.tools.export_gguf import export_gguf
 
     vocab_size = model.config.vocab_size
     # llama.cpp refuses a BPE vocabulary without merges: keep room for at least one.

@@ -10,9 +10,7 @@ import torch
 
 pytest.importorskip("llama_cpp")
 
-import engine.decoding
-from engine.verify import exact_verifier
-from engine.decoding import speculative_round, tree_round
+import engine.verifying.exact
 from engine.drafters.model_drafter import ModelDrafter
 from engine.drafters.tree_drafter import TreeDrafter, TreeShape
 from engine.runtime.llamacpp import LlamaCppRuntime, load_weights
@@ -20,7 +18,7 @@ from engine.sampling import Sampler
 from engine.tree_shape import FixedTreeShape
 from tests.engine.test_sampling_pipeline import PROMPT, SAMPLES, VOCAB, chi_square, critical_value, exact_two_token_distribution
 from tests.engine.test_tree import biased_per_path_verifier
-from tests.engine.tiny_models import tiny_gguf, tiny_llama
+from tests.engine.tiny_models import run_round, tiny_gguf, tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +49,12 @@ def sample_first_two(tiny_pair_on_llamacpp, one_round, seed: int) -> tuple[Count
 
 
 def chain_round(target, draft, context, sampler):
-    return speculative_round(target, ModelDrafter(draft, VOCAB), context, 2, sampler, exact_verifier("block"))
+    return run_round(target, ModelDrafter(draft, VOCAB, 2), context, sampler)
 
 
 def tree_round_of_six(target, draft, context, sampler):
     policy = FixedTreeShape(TreeShape(budget=6, depth=2, branching=3, beam=2))
-    return tree_round(target, TreeDrafter(draft, VOCAB), context, policy, sampler)
+    return run_round(target, TreeDrafter(draft, VOCAB, policy), context, sampler)
 
 
 @pytest.mark.parametrize("one_round", [chain_round, tree_round_of_six], ids=["chain", "tree"])
@@ -67,7 +65,7 @@ def test_sampled_decoding_on_llamacpp_follows_the_target_distribution(tiny_pair_
 
 
 def test_a_per_path_tree_verifier_is_caught_on_llamacpp(tiny_pair_on_llamacpp, monkeypatch):
-    monkeypatch.setattr(engine.decoding, "verify_tree_sampled", biased_per_path_verifier)
+    monkeypatch.setattr(engine.verifying.exact, "verify_tree_sampled", biased_per_path_verifier)
     counts, expected = sample_first_two(tiny_pair_on_llamacpp, tree_round_of_six, seed=11)
     statistic, df = chi_square(counts, expected, SAMPLES)
     assert statistic > critical_value(df), f"a biased verifier passed: chi-square {statistic:.1f} on {df} df"

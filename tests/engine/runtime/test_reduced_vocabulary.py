@@ -102,7 +102,7 @@ def test_a_reduced_draft_folder_loads_reduced_on_torch_and_on_llamacpp(tmp_path,
         stale.unlink()
     model.save_pretrained(folder)
     vocabulary.save(folder)
-    from engine.gguf_export import export_gguf
+    from engine.tools.export_gguf import export_gguf
 
     export_gguf(folder, precision="f32")
     on_torch = load_model(ModelSpec(str(folder), "fp32", "cpu"), runtime="torch")

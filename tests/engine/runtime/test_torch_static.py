@@ -16,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from engine.chat_prompt import Message
 from engine.config import DecodeSettings, ModelSpec, PairConfig
-from engine.int8_weights import Int8Linear, quantise_weight_only, weight_bytes
+from engine.runtime.int8_weights import Int8Linear, quantise_weight_only, weight_bytes
 from engine.models import LoadedModel
 from engine.runtime.torch_eager import TorchRuntime
 from engine.runtime.torch_static import BUCKETS, SCRATCH_ROWS, WARM_WINDOWS, StaticTorchRuntime, runs_static
@@ -263,7 +263,7 @@ def tiny_pair(make_word_tokenizer, runtime_factory) -> LoadedPair:
     def loaded() -> LoadedModel:
         return LoadedModel(
             model, tokenizer, torch.device("cpu"), torch.float32, "fp32", "tiny", context_length=200,
-            runtime_factory=lambda hidden_states: runtime_factory(model),
+            runtime_factory=lambda hidden_states, feature_layers=(): runtime_factory(model),
         )
 
     pair = LoadedPair(PairConfig("tiny", ModelSpec("tiny"), ModelSpec("tiny")), loaded(), loaded())

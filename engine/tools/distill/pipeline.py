@@ -26,25 +26,27 @@ from typing import Any
 import torch
 from transformers import AutoConfig
 
-from ..bench import read_prompts
-from ..compat import check_pair_compatible
-from ..config import ConfigError, ModelSpec
-from ..errors import ModelLoadError
-from ..gguf_export import DRAFT_PRECISION, export_gguf
-from ..models import LoadedModel, load_model, load_tokenizer_only, resolve_source
-from ..models import runtime_gguf
-from ..runtime import llamacpp_library
+from ...prompts import DISTILL_PROMPTS, read_prompts
+from ...compat import check_pair_compatible
+from ...config import ConfigError, ModelSpec
+from ...errors import ModelLoadError
+from ..export_gguf import DRAFT_PRECISION, export_gguf
+from ...models import LoadedModel, load_model, load_tokenizer_only, resolve_source
+from ...models import runtime_gguf
+from ...runtime import llamacpp_library
 from .data import GenerationSettings, TorchBatchWriter, generate_split, load_split, split_prompts
 from .llamacpp_batch import LlamaCppBatchWriter
 from .prompts import synthesize_prompts
 from .replies import ReplyWriter
 from .vocabulary import choose_vocabulary, coverage, in_model_ids
-from ..runtime.reduced_vocabulary import ReducedVocabulary
+from ...runtime.eagle3_head import save_head
+from ...runtime.reduced_vocabulary import ReducedVocabulary
 from .model import (
     DEFAULT_PREFIX_LAYERS, INITS, PREFIX, PRESETS, SIZES, DraftShape, build_draft, build_prefix_draft, forward_ms,
     prefix_shape, shape_summary,
 )
 from .train import StepReport, Trainer, TrainSettings, evaluate
+from .eagle3 import Eagle3Settings, Eagle3Trainer, build_head, load_features, record_features
 
 WORK_FOLDER = "distill-work"
 RUN_FILE = "run.json"
@@ -52,8 +54,11 @@ DATA_DONE_FILE = "data-done.json"  # written once every shard is there, with the
 GENERATION_LOG = "generation-log.jsonl"  # what each invocation generated, and how fast
 MAX_PROMPT_TOKENS = 256  # prompts longer than this (chat template included) are left out
 REPORT_FILE = "report.json"
-DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "resources" / "prompts" / "distill_prompts.jsonl"
+DEFAULT_PROMPTS = DISTILL_PROMPTS
 DEFAULT_TOKENS = {"tiny": 20_000, "small": 1_000_000, PREFIX: 1_000_000}
+# What a run trains: a draft model, or an EAGLE-3 head on the target's features.
+KINDS = ("draft", "eagle3")
+EAGLE3_VOCABULARY_FILE = "eagle3-vocabulary.json"
 # The target's files that make up its tokenizer; the draft gets exact copies.
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -79,8 +84,14 @@ class RunSettings:
     vocabulary: int = 0  # tokens a reduced draft keeps (0: the target's whole vocabulary)
     generation: GenerationSettings = field(default_factory=GenerationSettings)
     training: TrainSettings = field(default_factory=TrainSettings)
+    kind: str = "draft"
+    eagle3: Eagle3Settings = field(default_factory=Eagle3Settings)
 
     def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"unknown kind {self.kind!r}; choose one of {', '.join(KINDS)}")
+        if self.eagle3.ttt_steps < 1:
+            raise ConfigError("the training-time test needs at least one step")
         if self.size not in SIZES:
             raise ConfigError(f"unknown draft size {self.size!r}; choose one of {', '.join(SIZES)}")
         if self.init not in INITS:
@@ -105,9 +116,10 @@ class RunSettings:
     def from_dict(cls, data: dict[str, Any]) -> RunSettings:
         try:
             return cls(
-                **{key: value for key, value in data.items() if key not in ("generation", "training")},
+                **{key: value for key, value in data.items() if key not in ("generation", "training", "eagle3")},
                 generation=GenerationSettings(**data["generation"]),
                 training=TrainSettings(**data["training"]),
+                eagle3=Eagle3Settings(**data.get("eagle3", {})),
             )
         except (KeyError, TypeError) as error:
             raise ConfigError(f"malformed distillation settings: {error}") from error
@@ -210,9 +222,11 @@ class Distillation:
             (self.work_dir / DATA_DONE_FILE).write_text(json.dumps(self._generation_summary(), indent=2), encoding="utf-8")
         generation_report = self._generation_summary()
 
-        # 2. the draft learns from it
+        # 2. the draft (or the head) learns from it
         train_data = load_split(self.work_dir, "train")
         heldout_data = load_split(self.work_dir, "heldout")
+        if settings.kind == "eagle3":
+            return self._train_eagle3(target, train_data, heldout_data, generation_report, should_stop, progress, message, max_steps)
         vocabulary, vocabulary_report = None, {}
         if settings.vocabulary:
             # chosen from the training replies alone, so held-out coverage is an honest figure
@@ -260,6 +274,67 @@ class Distillation:
         }
         (self.out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2), encoding="utf-8")
         return Outcome("finished", outcome.step, outcome.total_steps, report)
+
+    def _train_eagle3(
+        self, target: LoadedModel, train_data, heldout_data, generation_report: dict, should_stop, progress, message, max_steps,
+    ) -> Outcome:
+        """Record the target's features, train the head with training-time test, write it."""
+        settings, eagle = self.settings, self.settings.eagle3
+        vocabulary = self._eagle3_vocabulary(train_data, target)
+        head = build_head(target.model, vocabulary, seed=eagle.seed)
+        # The features come from the runtime chats run the target on (llama.cpp's Q8_0 on a
+        # CPU for a GGUF target), so the head learns the features it will read.
+        recorder = load_model(ModelSpec(settings.target), runtime="auto") if target.device.type == "cpu" else target
+        for split, data in (("heldout", heldout_data), ("train", train_data)):
+            done = _Counter(f"{split} features", sum(len(sequence.token_ids) for sequence in data), progress)
+            if not record_features(recorder, self.work_dir, split, head.config.layer_ids, should_stop, done.add):
+                return Outcome("stopped")
+        if recorder is not target:
+            recorder.close()
+        trainer = Eagle3Trainer(
+            head, target.model.get_input_embeddings().weight,
+            (train_data, load_features(self.work_dir, "train")), (heldout_data, load_features(self.work_dir, "heldout")),
+            eagle, self.work_dir, target.device,
+        )
+        if trainer.resume():
+            message(f"Resuming training at step {trainer.step} of {trainer.total_steps}.")
+        progress(Progress("training", trainer.step, trainer.total_steps))
+        outcome = trainer.run(should_stop, lambda step, total, loss: progress(Progress("training", step, total, loss)), max_steps)
+        if not outcome["finished"]:
+            return Outcome("stopped" if should_stop() else "paused", outcome["step"], outcome["total_steps"])
+        message("Scoring the head and writing it…")
+        final = trainer.evaluate()
+        save_head(trainer.head.float(), self.out_dir)
+        report = {
+            "target": settings.target,
+            "kind": "eagle3",
+            "layer_ids": list(head.config.layer_ids),
+            "draft_vocabulary": head.config.draft_vocab_size,
+            "parameters": sum(parameter.numel() for parameter in trainer.head.parameters()),
+            "ttt_steps": eagle.ttt_steps,
+            "epochs": eagle.epochs,
+            "steps": outcome["step"],
+            "training_tokens": sum(len(sequence.token_ids) for sequence in train_data),
+            "training_reply_tokens": sum(sequence.reply_length for sequence in train_data),
+            "train_loss": outcome["train_loss"],
+            "training_tokens_per_s": outcome["tokens_per_s"],
+            "heldout_initial": trainer.initial_heldout,
+            "heldout": final,
+            **generation_report,
+        }
+        (self.out_dir / REPORT_FILE).write_text(json.dumps(report, indent=2), encoding="utf-8")
+        return Outcome("finished", outcome["step"], outcome["total_steps"], report)
+
+    def _eagle3_vocabulary(self, train_data, target: LoadedModel) -> ReducedVocabulary:
+        """The head's draft vocabulary, chosen once from the training replies and kept, so a
+        resumed run trains the same head."""
+        path = self.work_dir / EAGLE3_VOCABULARY_FILE
+        if path.is_file():
+            data = json.loads(path.read_text(encoding="utf-8"))
+            return ReducedVocabulary(tuple(data["kept_ids"]), data["full_size"])
+        vocabulary = choose_vocabulary(train_data, self.settings.eagle3.draft_vocabulary, target.tokenizer, target.model.config.vocab_size)
+        path.write_text(json.dumps({"kept_ids": list(vocabulary.kept_ids), "full_size": vocabulary.full_size}), encoding="utf-8")
+        return vocabulary
 
     def _shape(self, target: LoadedModel) -> DraftShape:
         if self.settings.size == PREFIX:

@@ -26,9 +26,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import ModelLoadError, OutOfMemoryError
-from ..runtime.llamacpp import _physical_cores, load_weights
-from ..runtime.llamacpp_library import library, recent_errors
+from ...errors import ModelLoadError, OutOfMemoryError
+from ...runtime.cpu import physical_cores
+from ...runtime.llamacpp import load_weights
+from ...runtime.llamacpp_library import library, recent_errors
 from .replies import Job, Reply
 
 SAMPLED_TOP_K = 64
@@ -61,7 +62,7 @@ class LlamaCppBatchWriter:
         params.n_seq_max = slots
         params.n_outputs_max = self.batch_tokens
         params.kv_unified = False
-        params.n_threads = params.n_threads_batch = threads or _physical_cores()
+        params.n_threads = params.n_threads_batch = threads or physical_cores()
         params.no_perf = True
         recent_errors()
         self._context = self._llama.llama_init_from_model(self.weights.handle, params)

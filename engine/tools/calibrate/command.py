@@ -37,10 +37,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from ..pairs import find_pair
-    from ..session import load_pair
+    from ...pairs import find_pair
+    from ...session import load_pair
     from .calibrate import calibrate
-    from .store import user_heads_folder
+    from ...heads.store import user_heads_folder
 
     settings = CalibrationSettings(args.prompts, args.max_new_tokens, args.temperature, args.steps, args.seed)
     config = find_pair(args.pair)

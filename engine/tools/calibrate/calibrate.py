@@ -19,21 +19,21 @@ from pathlib import Path
 
 import torch
 
-from ..chat_prompt import Message, build_prompt
-from ..config import CHAT_DEFAULT_TEMPERATURE, DecodeSettings
+from ...chat_prompt import Message, build_prompt
+from ...config import CHAT_DEFAULT_TEMPERATURE, DecodeSettings
 from ..distill.data import split_prompts
-from ..drafters.model_drafter import fit_vocab
-from ..errors import TandemError
-from ..events import Finished
-from ..runtime import ModelRuntime
-from ..sampling import Sampler
-from .features import head_features
-from .store import MODES, DraftHeads, save_heads, user_heads_folder
+from ...drafters.model_drafter import fit_vocab
+from ...errors import TandemError
+from ...prompts import DISTILL_PROMPTS, read_prompts
+from ...events import Finished
+from ...runtime import ModelRuntime
+from ...sampling import Sampler
+from ...heads.features import head_features
+from ...heads.store import MODES, DraftHeads, save_heads, user_heads_folder
 from .train import Examples, train_acceptance_head, train_sprinter
 
 # (phase, done, total): "replies" counts prompts answered, "training" the heads fitted.
 Progress = Callable[[str, int, int], None]
-DISTILL_PROMPTS = Path(__file__).resolve().parents[2] / "resources" / "prompts" / "distill_prompts.jsonl"
 
 
 class CalibrationCancelled(TandemError):
@@ -60,7 +60,6 @@ def calibrate(
         raise TandemError(f"The pair {pair.config.name!r} has no draft model: there is nothing to calibrate.")
     started = time.perf_counter()
     if prompts is None:
-        from ..bench import read_prompts
 
         prompts = read_prompts(DISTILL_PROMPTS)
     chosen = prompts[: settings.prompts]
@@ -123,7 +122,7 @@ def _record(pair, settings: CalibrationSettings, chosen: list[str], heldout_prom
 
 
 def _recording_path(pair, settings: CalibrationSettings, prompts: list[str]) -> Path:
-    from ..paths import cache_dir
+    from ...paths import cache_dir
 
     identity = json.dumps([
         pair.target.label, pair.target.precision, pair.draft.label, _weights_identity(pair.draft.folder),

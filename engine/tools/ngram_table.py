@@ -12,14 +12,13 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from ..bench import read_prompts
+from ..prompts import DISTILL_PROMPTS, read_prompts
 from ..chat_prompt import Message, encode_conversation
 from ..config import DEVICES, ModelSpec
-from ..distill.data import GenerationSettings, TorchBatchWriter, stop_token_ids
-from ..distill.replies import Job
-from ..distill.pipeline import DEFAULT_PROMPTS
+from .distill.data import GenerationSettings, TorchBatchWriter, stop_token_ids
+from .distill.replies import Job
 from ..models import LoadedModel, load_model
-from .backoff_ngram import TABLE_FILE, NgramCounts
+from ..drafters.backoff_ngram import TABLE_FILE, NgramCounts
 
 DEFAULT_TABLE_TOKENS = 200_000
 # Trigram entries seen once are mostly noise; dropping them keeps the shipped file small.
@@ -61,7 +60,7 @@ def add_ngram_table_command(subparsers: Any) -> None:
     )
     parser.add_argument("--draft", required=True, help="the draft model's folder")
     parser.add_argument("--tokens", type=int, default=DEFAULT_TABLE_TOKENS, help=f"reply tokens to count (default: {DEFAULT_TABLE_TOKENS:,})")
-    parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="JSON Lines file with a \"prompt\" key per line")
+    parser.add_argument("--prompts", type=Path, default=DISTILL_PROMPTS, help="JSON Lines file with a \"prompt\" key per line")
     parser.add_argument("--device", choices=DEVICES, default="auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.set_defaults(run=run_ngram_table)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .modules import AcceptanceHead, SprinterVerifier
+from ...heads.modules import AcceptanceHead, SprinterVerifier
 
 # SPRINTER's threshold lets through at most this share of the tokens the target would
 # reject (on held-out prompts). The paper's fixed 0.5 knows nothing of the pair.

@@ -24,9 +24,9 @@ from gguf.quants import quantize
 from safetensors import SafetensorError, safe_open
 from transformers import LlamaConfig
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 from .gguf_vocab import read_vocabulary
-from .runtime.reduced_vocabulary import ReducedVocabulary
+from ..runtime.reduced_vocabulary import ReducedVocabulary
 
 PRECISIONS = ("f16", "bf16", "f32", "q8_0")
 DEFAULT_PRECISION = "f16"

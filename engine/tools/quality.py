@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .runtime import ModelRuntime
+from ..runtime import ModelRuntime
 
 
 def lcs_length(first: Sequence[int], second: Sequence[int]) -> int:

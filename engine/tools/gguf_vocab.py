@@ -14,7 +14,7 @@ from pathlib import Path
 from gguf import GGUFWriter, TokenType
 from transformers import AutoTokenizer
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 # llama.cpp splits text into words with a regex chosen by `tokenizer.ggml.pre`. SmolLM's
 # tokenizer (shared by SmolLM, SmolLM2 and their converted copies, whose tokenizer.json may

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from ..chat_prompt import Message, encode_conversation
-from ..errors import TandemError
-from ..models import LoadedModel
-from ..sampling import Sampler
+from ...chat_prompt import Message, encode_conversation
+from ...errors import TandemError
+from ...models import LoadedModel
+from ...sampling import Sampler
 from .replies import Job, Reply, ReplyWriter
 
 SHARD_FORMAT = 2  # 2: sequences carry their reply key

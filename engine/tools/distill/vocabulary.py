@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..runtime.reduced_vocabulary import ReducedVocabulary
+from ...runtime.reduced_vocabulary import ReducedVocabulary
 from .data import Sequence
 
 

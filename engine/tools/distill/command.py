@@ -14,10 +14,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ..config import DEVICES, ConfigError
+from ...config import DEVICES, ConfigError
 from .data import GenerationSettings
 from .model import DEFAULT_PREFIX_LAYERS, INITS, PREFIX, SIZES
-from .pipeline import DEFAULT_PROMPTS, DEFAULT_TOKENS, Distillation, Progress, RunSettings, default_heldout_tokens
+from .eagle3 import Eagle3Settings
+from .pipeline import DEFAULT_PROMPTS, DEFAULT_TOKENS, KINDS, Distillation, Progress, RunSettings, default_heldout_tokens
 from .train import TrainSettings
 
 INTERRUPTED_EXIT_CODE = 130  # what shells report for a program ended by Ctrl-C
@@ -33,6 +34,15 @@ def add_distill_command(subparsers: Any) -> None:
         "ends up holding a Hugging Face model to use as the draft of a pair.",
     )
     parser.add_argument("--target", help="the target: demo-target, a model folder, a .gguf file or a repo id")
+    parser.add_argument(
+        "--kind", choices=KINDS,
+        help="what to train: draft, a small model (default), or eagle3, an EAGLE-3 head that drafts from the "
+        "target's own features (public EAGLE-3 layout; a pair uses it for the eagle and eagle-tree methods)",
+    )
+    parser.add_argument(
+        "--ttt-steps", type=int, metavar="N",
+        help="with --kind eagle3: how deep training-time test unrolls the head on its own outputs (default: 3)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="output folder: the draft, report.json and the run's work files")
     parser.add_argument(
         "--size", choices=SIZES,
@@ -82,9 +92,11 @@ def run_distill(args: argparse.Namespace) -> int:
         distillation = Distillation.start(out_dir, _settings_from_args(args), args.device)
     settings = distillation.settings
     size = f"{settings.size} ({settings.layers}-layer)" if settings.size == PREFIX else settings.size
+    what = "an EAGLE-3 head" if settings.kind == "eagle3" else f"a {size} draft"
+    epochs = settings.eagle3.epochs if settings.kind == "eagle3" else settings.training.epochs
     print(
-        f"Distilling a {size} draft from {settings.target} into {out_dir}: "
-        f"{settings.tokens:,} reply tokens from the target, then {settings.training.epochs:g} epochs of training.",
+        f"Distilling {what} from {settings.target} into {out_dir}: "
+        f"{settings.tokens:,} reply tokens from the target, then {epochs:g} epochs of training.",
         file=sys.stderr,
     )
     resume_hint = f"tandem distill --target {shlex.quote(settings.target)} --out {shlex.quote(str(out_dir))} --resume"
@@ -105,7 +117,8 @@ def run_distill(args: argparse.Namespace) -> int:
     if outcome.status == "paused":
         print(f"Paused at training step {outcome.step} of {outcome.total_steps}. Continue with:\n  {resume_hint}", file=sys.stderr)
         return 0
-    _print_report(outcome.report or {}, out_dir)
+    report = outcome.report or {}
+    (_print_eagle3_report if report.get("kind") == "eagle3" else _print_report)(report, out_dir)
     return 0
 
 
@@ -126,6 +139,11 @@ def _settings_from_args(args: argparse.Namespace) -> RunSettings:
         vocabulary=args.vocabulary or 0,
         generation=GenerationSettings(**_given(max_new_tokens=args.max_new_tokens, seed=args.seed, batch_size=args.batch_size)),
         training=TrainSettings(**_given(epochs=args.epochs, seed=args.seed, learning_rate=args.learning_rate)),
+        kind=args.kind or "draft",
+        eagle3=Eagle3Settings(**_given(
+            ttt_steps=args.ttt_steps, epochs=args.epochs, seed=args.seed, learning_rate=args.learning_rate,
+            draft_vocabulary=args.vocabulary,
+        )),
     )
 
 
@@ -144,6 +162,8 @@ def _check_unchanged(args: argparse.Namespace, settings: RunSettings) -> None:
     """A resumed run keeps its settings; a flag that asks for different ones is an error."""
     given = {
         "--target": (args.target and _target_source(args.target), settings.target),
+        "--kind": (args.kind, settings.kind),
+        "--ttt-steps": (args.ttt_steps, settings.eagle3.ttt_steps),
         "--size": (args.size, settings.size),
         "--tokens": (args.tokens, settings.tokens),
         "--init": (args.init, settings.init),
@@ -218,6 +238,15 @@ class _Bars:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _print_eagle3_report(report: dict[str, Any], out_dir: Path) -> None:
+    print(f"EAGLE-3 head written to {out_dir} ({report['parameters'] / 1e6:.1f}M parameters, {report['steps']} steps, "
+          f"{report['training_reply_tokens']:,} reply tokens).")
+    for depth, (before, after) in enumerate(zip(report["heldout_initial"], report["heldout"]), start=1):
+        print(f"  held-out agreement at depth {depth}: {before['agreement']:.1%} untrained -> {after['agreement']:.1%}")
+    print(f"Use it in a pair:  tandem chat --target {shlex.quote(report['target'])} --eagle {shlex.quote(str(out_dir))} --method eagle-tree")
+    print(f"The work files in {out_dir / 'distill-work'} can be deleted once you no longer want to --resume.")
 
 
 def _print_report(report: dict[str, Any], out_dir: Path) -> None:

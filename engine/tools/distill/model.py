@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from ..config import ConfigError
-from ..runtime.reduced_vocabulary import ReducedVocabulary
+from ...config import ConfigError
+from ...runtime.reduced_vocabulary import ReducedVocabulary
 
 INITS = ("pca", "random")
 # Not a fixed shape: the target's own embeddings and first layers, at its width, started from

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..errors import TandemError
+from ...errors import TandemError
 from .replies import Job, ReplyWriter
 
 SYNTHETIC_FILE = "synthetic-prompts.jsonl"

@@ -1,0 +1,157 @@
+"""`auto`: the fastest exact method for this pair on this machine, plain decoding included.
+
+Every candidate is an exact method's drafter (`ar` drafts nothing), so whichever runs a
+round, the reply is the target's own. Rounds are timed as they run: a running average of
+seconds per token per candidate, kept across replies and across starts (a small JSON file in
+the cache, per pair and machine). A candidate is tried until it has a few rounds behind it;
+after that the fastest runs, and every EXPLORE_EVERY rounds the runner-up gets one round, so
+a machine that gets busier or a conversation that drafts better is noticed. A round that read
+a prompt says nothing about a method's speed and is not counted.
+
+Where drafting does not pay (a weak draft on a 2-core CPU) the fastest is plain decoding, and
+then `auto` costs at most the rare exploring round: it never makes replies much slower than
+the target alone.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..runtime import ModelRuntime
+from ..sampling import Sampler
+from .base import Drafter, Proposal
+
+if TYPE_CHECKING:
+    from ..round import RoundOutcome
+
+PLAIN = "ar"
+TRIAL_ROUNDS = 6  # rounds each candidate runs before the fastest is trusted
+EXPLORE_EVERY = 32  # then one round in this many goes to the runner-up
+SMOOTHING = 0.1  # weight of the newest round in a candidate's average
+SAVE_EVERY = 16  # rounds between writes of the record
+
+
+@dataclass
+class SpeedRecord:
+    """Per candidate: running averages of a round's seconds and tokens (their ratio is its
+    throughput; averaging per-round rates would overweight rounds that wrote one token), and
+    how many rounds they rest on."""
+
+    path: Path | None = None
+    round_seconds: dict[str, float] = field(default_factory=dict)
+    round_tokens: dict[str, float] = field(default_factory=dict)
+    rounds: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> SpeedRecord:
+        """The record at `path`; an empty one when there is none or it cannot be read (it is
+        a cache: measuring again is the worst case)."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            return cls(
+                path,
+                {name: float(value) for name, value in data["round_seconds"].items()},
+                {name: float(value) for name, value in data["round_tokens"].items()},
+                {name: int(value) for name, value in data["rounds"].items()},
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return cls(path)
+
+    @property
+    def seconds_per_token(self) -> dict[str, float]:
+        return {name: self.round_seconds[name] / self.round_tokens[name] for name in self.round_seconds}
+
+    def add(self, name: str, seconds: float, tokens: int) -> None:
+        for averages, value in ((self.round_seconds, seconds), (self.round_tokens, float(tokens))):
+            old = averages.get(name)
+            averages[name] = value if old is None else (1 - SMOOTHING) * old + SMOOTHING * value
+        self.rounds[name] = self.rounds.get(name, 0) + 1
+        if self.path is not None and sum(self.rounds.values()) % SAVE_EVERY == 0:
+            self.save()
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_suffix(".partial")
+        data = {"round_seconds": self.round_seconds, "round_tokens": self.round_tokens, "rounds": self.rounds}
+        partial.write_text(json.dumps(data), encoding="utf-8")
+        os.replace(partial, self.path)
+
+    def ranked(self, names: list[str]) -> list[str]:
+        """`names`, fastest first; unmeasured ones last, in their given order."""
+        rates = self.seconds_per_token
+        measured = sorted((name for name in names if name in rates), key=rates.__getitem__)
+        return measured + [name for name in names if name not in rates]
+
+
+def record_path(cache: Path, pair_key: str, machine_key: str) -> Path:
+    digest = hashlib.sha256(f"{pair_key}|{machine_key}".encode()).hexdigest()[:16]
+    return cache / "auto-method" / f"{digest}.json"
+
+
+class MethodChooser(Drafter):
+    """Runs each round with the candidate that has been fastest here."""
+
+    name = "auto"
+
+    def __init__(self, candidates: dict[str, Drafter], record: SpeedRecord):
+        if PLAIN not in candidates:
+            raise ValueError("auto needs plain decoding among its candidates")
+        self.candidates = candidates
+        self.record = record
+        self.lookahead = max(drafter.lookahead for drafter in candidates.values())
+        self.current = PLAIN
+        self._rounds = 0
+
+    @property
+    def runtimes(self) -> tuple[ModelRuntime, ...]:
+        seen: dict[int, ModelRuntime] = {}
+        for drafter in self.candidates.values():
+            for runtime in drafter.runtimes:
+                seen.setdefault(id(runtime), runtime)
+        return tuple(seen.values())
+
+    def propose(self, context: list[int], room: int, sampler: Sampler) -> Proposal:
+        self.current = self._choose()
+        proposal = self.candidates[self.current].propose(context, room, sampler)
+        proposal.drafted_by = self.current
+        return proposal
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        self.candidates[self.current].observe(outcome)
+        self._rounds += 1
+        read_a_prompt = outcome.target_tokens > len(outcome.proposal.tree)
+        if outcome.tokens and not read_a_prompt:
+            self.record.add(self.current, outcome.draft_s + outcome.target_s, len(outcome.tokens))
+        self.lookahead = max(drafter.lookahead for drafter in self.candidates.values())
+
+    def reset(self) -> None:
+        for drafter in self.candidates.values():
+            drafter.reset()
+
+    def explain(self) -> str:
+        """In plain words: what `auto` runs now, and why."""
+        ranked = self.record.ranked(list(self.candidates))
+        best = ranked[0]
+        rates = self.record.seconds_per_token
+        plain, fastest = rates.get(PLAIN), rates.get(best)
+        if fastest is None or plain is None or self.record.rounds.get(best, 0) < TRIAL_ROUNDS:
+            return "auto: still measuring which method is fastest here"
+        if best == PLAIN:
+            return "auto: plain decoding, since drafting does not pay on this machine"
+        return f"auto: {best}, {plain / fastest:.2f}× plain decoding's speed on this machine"
+
+    def _choose(self) -> str:
+        names = list(self.candidates)
+        for name in self.record.ranked(names):
+            if self.record.rounds.get(name, 0) < TRIAL_ROUNDS:
+                return name
+        ranked = self.record.ranked(names)
+        if len(ranked) > 1 and self._rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
+            return ranked[1]
+        return ranked[0]

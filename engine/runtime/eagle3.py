@@ -1,0 +1,138 @@
+"""An EAGLE-3 head as a runtime: a draft model whose every token also reads a feature.
+
+The head is a one-layer model with its own KV cache, so chain and tree drafters run it
+through the same contract as any draft model. What differs is each token's input feature:
+
+- a token of the context reads the target's features at the token before it (the target
+  computed them while verifying: `ModelRuntime.features`), fused by the head's `fc`;
+- a token the head drafted itself reads the head's own output at its parent.
+
+A slot computed from a drafted parent is only a guess of what the target would give it, so
+it is never reused as context: once the target has verified those tokens, the next round
+reads them again with the target's features (`reusable_slots`). The head cannot run before
+the target has read the context (the first round of a reply is a plain step: `ready_for`).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .base import ModelRuntime
+from .cpu import fast_bf16
+from .eagle3_head import Eagle3Head
+
+GROWTH = 256  # cache rows added at a time
+
+
+class Eagle3Runtime(ModelRuntime):
+    name = "EAGLE-3"
+
+    def __init__(self, head: Eagle3Head, target: ModelRuntime, embeddings: torch.Tensor, dtype: torch.dtype | None = None):
+        """`embeddings`: (V, H) the target's token embeddings (EAGLE-3 heads read the target's
+        own, unless they ship theirs); `dtype`: what the head computes in (default: bf16
+        where the CPU multiplies it natively, else fp32)."""
+        super().__init__(head.config.vocab_size)
+        dtype = dtype or (torch.bfloat16 if fast_bf16() else torch.float32)
+        if not target.feature_layers:
+            raise ValueError("an EAGLE-3 head needs a target runtime opened with its feature layers")
+        self.head = head.to(dtype).eval()
+        self.target = target
+        self.embeddings = (head.embed_tokens.weight if head.embed_tokens is not None else embeddings).detach().to(dtype)
+        self.dtype = dtype
+        config = head.config
+        self._keys = torch.zeros(1, config.num_key_value_heads, 0, config.head_dim, dtype=dtype)
+        self._values = torch.zeros_like(self._keys)
+        self._outputs = torch.zeros(0, config.hidden_size, dtype=dtype)  # slot -> the layer's output there
+        self._exact: list[bool] = []  # slot -> computed from the target's feature (or the first token)
+        self._target_ids = head.target_ids
+
+    # The contract
+
+    def ready_for(self, context: list[int]) -> bool:
+        """Whether the target has read all of `context` but its last token, whose feature
+        the head's first drafted token needs."""
+        return self._target_slots() >= len(context) - 1
+
+    def reusable_slots(self) -> int:
+        exact = 0
+        while exact < self.chain_length and self._exact[exact]:
+            exact += 1
+        return exact
+
+    def _run_chain(self, new_ids: list[int], logits_wanted: int) -> torch.Tensor:
+        start = len(self)
+        return self._run_tree(new_ids, list(range(start - 1, start - 1 + len(new_ids))), list(range(start, start + len(new_ids))), logits_wanted)
+
+    def _run_tree(self, new_ids: list[int], parents: list[int], positions: list[int], logits_wanted: int) -> torch.Tensor:
+        start, count = len(self), len(new_ids)
+        with torch.inference_mode():
+            features, exact = self._input_features(new_ids, parents)  # (T, H)
+            embeddings = self.embeddings[torch.tensor(new_ids)]  # (T, H)
+            query, key, value = self.head.attention_inputs(embeddings[None], features[None], torch.tensor([positions]))
+            self._grow(start + count)
+            self._keys[:, :, start:start + count] = key[0:1]
+            self._values[:, :, start:start + count] = value[0:1]
+            visible = self.visible_slots(parents)  # (T, start + T)
+            attended = F.scaled_dot_product_attention(
+                query, self._keys[:, :, :start + count], self._values[:, :, :start + count],
+                attn_mask=visible[None, None], enable_gqa=True,
+            )
+            output = self.head.finish(attended, features[None])[0]  # (T, H)
+            self._outputs[start:start + count] = output
+            self._exact[start:] = exact
+            draft_logits = self.head.draft_logits(output[count - logits_wanted:]).float()  # (wanted, draft V)
+        logits = torch.full((logits_wanted, self.vocab_size), float("-inf"))
+        logits[:, self._target_ids] = draft_logits
+        return logits
+
+    def _keep(self, prefix: int, extra_slots: list[int]) -> None:
+        kept = list(range(prefix)) + list(extra_slots)
+        if extra_slots:
+            index = torch.tensor(kept)
+            with torch.inference_mode():  # the cache tensors are inference tensors
+                self._keys[:, :, : len(kept)] = self._keys[:, :, index]
+                self._values[:, :, : len(kept)] = self._values[:, :, index]
+                self._outputs[: len(kept)] = self._outputs[index]
+        self._exact = [self._exact[slot] for slot in kept]
+
+    def _clear(self) -> None:
+        self._exact = []
+
+    # Features
+
+    def _target_slots(self) -> int:
+        """How many leading slots of the context the target holds features for."""
+        return min(len(self.target.features), self.target.chain_length)
+
+    def _input_features(self, new_ids: list[int], parents: list[int]) -> tuple[torch.Tensor, list[bool]]:
+        """Each new token's input feature, and whether it came from the target."""
+        start = len(self)
+        target_slots = self._target_slots()
+        rows = torch.zeros(len(new_ids), self.head.config.hidden_size, dtype=self.dtype)
+        exact: list[bool] = []
+        from_target: list[tuple[int, int]] = []  # (new token, target slot)
+        for index, parent in enumerate(parents):
+            parent_id = None if parent < 0 else (new_ids[parent - start] if parent >= start else self.cached_ids[parent])
+            if parent < 0:
+                exact.append(True)  # the very first token has no feature before it: zeros
+            elif parent < target_slots and self.target.cached_ids[parent] == parent_id:
+                from_target.append((index, parent))
+                exact.append(True)
+            elif parent < start:
+                rows[index] = self._outputs[parent]
+                exact.append(False)
+            else:
+                raise ValueError("an EAGLE-3 head drafts one level a call: a drafted token's parent must have run before")
+        if from_target:
+            indices = [index for index, _ in from_target]
+            slots = torch.tensor([slot for _, slot in from_target])
+            rows[indices] = self.head.fuse(self.target.features[slots].to(self.dtype))
+        return rows, exact
+
+    def _grow(self, rows: int) -> None:
+        if rows <= self._keys.shape[2]:
+            return
+        extra = max(GROWTH, rows - self._keys.shape[2])
+        self._keys = torch.cat((self._keys, self._keys.new_zeros(*self._keys.shape[:2], extra, self._keys.shape[3])), dim=2)
+        self._values = torch.cat((self._values, self._values.new_zeros(*self._values.shape[:2], extra, self._values.shape[3])), dim=2)
+        self._outputs = torch.cat((self._outputs, self._outputs.new_zeros(extra, self._outputs.shape[1])))

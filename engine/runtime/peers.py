@@ -1,0 +1,114 @@
+"""Other programs' generation of the same weights, which `tandem bench` sets beside Tandem's
+methods: transformers' assisted generation, and llama-cpp-python's own generation. They
+run model objects and libraries directly, so they live with the runtimes.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..config import ConfigError, DecodeSettings
+from .cpu import repacking_crashes
+from .reduced_vocabulary import full_vocabulary_view
+
+if TYPE_CHECKING:
+    from ..models import LoadedModel
+
+
+class AssistedGeneration:
+    """transformers' own generate() on the pair's torch weights, with the same kind of
+    drafter: its prompt lookup for a pair without a draft model, the draft model otherwise."""
+
+    @staticmethod
+    def can_run(target: LoadedModel, draft: LoadedModel | None) -> bool:
+        return target.model is not None and (draft is None or draft.model is not None)
+
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None, stop_ids: frozenset[int], settings: DecodeSettings):
+        if not self.can_run(target, draft):
+            raise ConfigError("hf-assisted runs transformers on the pair's weights: add --runtime torch")
+        self.target, self.stop_ids, self.settings = target, stop_ids, settings
+        # Built once: a reduced draft's full-vocabulary view is a new class each time.
+        self.assistant = None
+        if draft is not None:
+            self.assistant = draft.model if draft.vocabulary is None else full_vocabulary_view(draft.model, draft.vocabulary)
+
+    def __call__(self, prompt: str, prompt_ids: list[int], max_new_tokens: int) -> tuple[int, ...]:
+        settings = self.settings
+        input_ids = torch.tensor([prompt_ids], device=self.target.device)
+        options: dict = {"max_new_tokens": max_new_tokens, "eos_token_id": sorted(self.stop_ids)}
+        options["pad_token_id"] = options["eos_token_id"][0]
+        if self.assistant is not None:
+            options["assistant_model"] = self.assistant
+        else:
+            options["prompt_lookup_num_tokens"] = settings.draft_tokens
+        if settings.greedy:
+            options["do_sample"] = False
+        else:
+            options.update(do_sample=True, temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k or None)
+        with torch.inference_mode():
+            output = self.target.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **options)
+        new_tokens = output[0, len(prompt_ids):].tolist()
+        # Tandem does not emit the stop token; count and compare the same way.
+        for index, token in enumerate(new_tokens):
+            if token in self.stop_ids:
+                return tuple(new_tokens[:index])
+        return tuple(new_tokens)
+
+
+class LlamaCppGeneration:
+    """llama-cpp-python's plain generation (`Llama.create_chat_completion`) of the target's
+    GGUF file, with the same prompts and token budget; greedy, or sampled alike."""
+
+    def __init__(self, gguf: Path, context_length: int, threads: int, gpu_layers: int, settings: DecodeSettings):
+        try:
+            from llama_cpp import Llama
+        except ImportError as error:
+            raise ConfigError(
+                "llamacpp-ar needs llama-cpp-python: pip install llama-cpp-python (it compiles, ~5 minutes)"
+            ) from error
+        self.settings = settings
+        with _plain_buffers_where_repacking_crashes():
+            self.llm = Llama(
+                model_path=str(gguf), n_ctx=context_length, n_threads=threads,
+                n_gpu_layers=gpu_layers,  # on the GPU exactly when Tandem's target is
+                seed=settings.seed or 0, verbose=False,
+            )
+
+    def __call__(self, prompt: str, prompt_ids: list[int], max_new_tokens: int) -> tuple[int, ...]:
+        settings = self.settings
+        sampling = {"temperature": 0.0, "top_k": 1} if settings.greedy else {
+            "temperature": settings.temperature, "top_p": settings.top_p, "top_k": settings.top_k,
+        }
+        self.llm.reset()  # no reuse of another run's prefill
+        reply = self.llm.create_chat_completion(
+            messages=[{"role": "user", "content": prompt}], max_tokens=max_new_tokens, **sampling
+        )
+        text = reply["choices"][0]["message"]["content"] or ""
+        return tuple(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+
+@contextmanager
+def _plain_buffers_where_repacking_crashes() -> Iterator[None]:
+    """`Llama` builds its own model parameters; where repacking crashes (cpu.py), make the
+    defaults it starts from use the plain CPU buffers while it loads."""
+    import llama_cpp.llama as llama_module
+
+    if not repacking_crashes():
+        yield
+        return
+    default_params = llama_module.llama_cpp.llama_model_default_params
+
+    def plain_buffers():
+        params = default_params()
+        params.use_extra_bufts = False
+        return params
+
+    llama_module.llama_cpp.llama_model_default_params = plain_buffers
+    try:
+        yield
+    finally:
+        llama_module.llama_cpp.llama_model_default_params = default_params

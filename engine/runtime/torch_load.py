@@ -1,0 +1,114 @@
+"""Torch models from Hugging Face folders: loading weights at a precision, converting a GGUF
+file into such a folder, and choosing which torch runtime runs a loaded model.
+
+Only the runtimes (and the offline tools that train models) touch transformers' model
+classes; the rest of the engine sees a `LoadedModel` and the runtimes it opens.
+"""
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
+
+from ..errors import ModelLoadError, OutOfMemoryError
+from .base import ModelRuntime
+from .int8_weights import quantise_weight_only
+from .torch_eager import TorchRuntime
+from .torch_static import StaticTorchRuntime, runs_static
+
+FLOAT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# bitsandbytes casts every int8 matmul input to fp16 (and logs a warning on each call when it
+# is not fp16 already), so int8 models keep their other layers in fp16 too.
+INT8_COMPANION_DTYPE = torch.float16
+# What transformers, gguf and safetensors raise for files they cannot read.
+READ_ERRORS = (OSError, ValueError, KeyError, struct.error, SafetensorError, ImportError)
+# Room past the context for the last round's tree (its budget is at most 64 tokens).
+STATIC_CACHE_SPARE_ROWS = 128
+
+
+def load_torch_weights(folder: Path, device: torch.device, precision: str) -> PreTrainedModel:
+    """The model in `folder` at `precision` on `device`; every failure is a clear error."""
+    try:
+        return _weights_in_memory(folder, device, precision)
+    except torch.cuda.OutOfMemoryError as error:
+        raise OutOfMemoryError(
+            "The GPU ran out of memory while loading the model. "
+            "Try 8-bit (int8) precision or a smaller model."
+        ) from error
+    except MemoryError as error:
+        raise OutOfMemoryError(
+            "The machine ran out of memory while loading the model. "
+            "Try 8-bit (int8) precision or a smaller model."
+        ) from error
+
+
+def _weights_in_memory(folder: Path, device: torch.device, precision: str) -> PreTrainedModel:
+    """The model at `precision`; out-of-memory errors are left to `load_torch_weights`, since
+    quantising can run out too (each layer's float and int8 copies live at once)."""
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, device_map={"": str(device)}, **_precision_options(precision)
+        )
+    except READ_ERRORS as error:
+        raise ModelLoadError(f"Could not load the model in {folder}: {error}") from error
+    model.eval()
+    if precision == "int8-wo":
+        quantise_weight_only(model)
+    return model
+
+
+def _precision_options(precision: str) -> dict[str, Any]:
+    if precision == "int8":
+        # bitsandbytes 0.50 runs int8 matmuls on the CPU as well as on CUDA (checked here with the demo model).
+        return {"quantization_config": BitsAndBytesConfig(load_in_8bit=True), "dtype": INT8_COMPANION_DTYPE}
+    if precision == "int8-wo":
+        return {"dtype": torch.bfloat16}  # quantised after loading (`quantise_weight_only`)
+    return {"dtype": FLOAT_DTYPES[precision]}
+
+
+def convert_gguf(gguf: Path, destination: Path) -> None:
+    """Dequantise `gguf` into a safetensors Hugging Face folder at `destination`."""
+    try:
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except READ_ERRORS as error:
+        raise ModelLoadError(f"Could not read the GGUF file {gguf}: {error}") from error
+    # transformers refuses to save a GGUF-loaded model ("not serializable") because of these
+    # markers; the weights themselves are plain dequantised tensors and save fine.
+    model.hf_quantizer = None
+    del model.config.quantization_config
+    model.save_pretrained(destination)
+    tokenizer.save_pretrained(destination)
+
+
+def captures_graphs(model: PreTrainedModel, device: torch.device) -> bool:
+    """On CUDA, torch models run as captured graphs over a static cache wherever they can:
+    an eager forward there costs 25-30 ms of launches whatever its size. TANDEM_CUDA_GRAPHS=0
+    keeps the eager runtime (to compare the two)."""
+    return device.type == "cuda" and runs_static(model) and os.environ.get("TANDEM_CUDA_GRAPHS", "1") != "0"
+
+
+def torch_runtime_name(model: PreTrainedModel, device: torch.device) -> str:
+    return "torch + CUDA graphs" if captures_graphs(model, device) else "torch"
+
+
+def torch_runtime_factory(
+    model: PreTrainedModel, device: torch.device, context_length: int
+) -> Callable[[bool, tuple[int, ...]], ModelRuntime]:
+    """(hidden_states, feature_layers) -> a fresh runtime over `model`: the static,
+    graph-captured one where it can run, the eager one elsewhere."""
+
+    def open_runtime(hidden_states: bool, feature_layers: tuple[int, ...] = ()) -> ModelRuntime:
+        if captures_graphs(model, device):
+            return StaticTorchRuntime(
+                model, device, context_length + STATIC_CACHE_SPARE_ROWS, hidden_states=hidden_states, feature_layers=feature_layers
+            )
+        return TorchRuntime(model, device, hidden_states=hidden_states, feature_layers=feature_layers)
+
+    return open_runtime

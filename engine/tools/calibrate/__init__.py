@@ -1,0 +1,1 @@
+"""`tandem calibrate`: trains a pair's learned heads (engine/heads/) from the target's replies."""
