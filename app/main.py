@@ -5,6 +5,7 @@ import os
 import sys
 from pathlib import Path
 
+from PySide6.QtCore import QTimer
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
@@ -12,6 +13,7 @@ from engine.paths import data_dir
 
 from .main_window import MainWindow
 from .qt_platform import platform_problem
+from .self_test import SELF_TEST_VARIABLE, SelfTest
 from .single_instance import SingleInstance, bring_to_front
 from .style import stylesheet
 from .termination import CloseOnTermination
@@ -43,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     window = MainWindow()
     instance.show_requested.connect(lambda: bring_to_front(window))
     termination = CloseOnTermination(window)
+    message = os.environ.get(SELF_TEST_VARIABLE)
+    if message:
+        QTimer.singleShot(0, SelfTest(window, message).start)  # once the event loop runs
     window.show()
     try:
         return app.exec()
