@@ -12,6 +12,7 @@ instances with different TANDEM_HOME folders (the tests) never meet.
 from __future__ import annotations
 
 import hashlib
+import sys
 import time
 from pathlib import Path
 
@@ -55,11 +56,14 @@ class SingleInstance(QObject):
         QLocalServer.removeServer(self.name)  # a crashed owner's socket file
         server = QLocalServer(self)
         server.setSocketOptions(QLocalServer.SocketOption.UserAccessOption)
-        if not server.listen(self.name):
-            self.lock.unlock()
-            raise OSError(f"cannot listen on the local socket {self.name}: {server.errorString()}")
-        server.newConnection.connect(self._accept)
-        self.server = server
+        if server.listen(self.name):
+            server.newConnection.connect(self._accept)
+            self.server = server
+        else:
+            # The lock alone still keeps a second Tandem off the data folder; that one will
+            # say it got no answer instead of showing this window.
+            print(f"tandem: later launches cannot reach this window: local socket {self.name}: "
+                  f"{server.errorString()}", file=sys.stderr)
         return True
 
     def owner_pid(self) -> int | None:

@@ -18,7 +18,7 @@ CLOSING_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class CloseOnTermination(QObject):
-    """While it exists, SIGTERM and SIGINT close `window` and quit the app."""
+    """Until `restore()`, SIGTERM and SIGINT close `window` and quit the app."""
 
     def __init__(self, window: QWidget):
         super().__init__(window)
