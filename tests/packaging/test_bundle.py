@@ -139,6 +139,7 @@ def test_the_bundle_opens_answers_with_the_demo_pair_and_exits_on_sigterm(tmp_pa
     [conversation] = store.list_conversations()
     assert [(m.role, m.content) for m in store.messages(conversation.id)] == [("user", QUESTION), ("assistant", reply["text"])]
     store.close()
+    shutil.rmtree(tmp_path / "dist")  # 1 GB; pytest keeps the temporary folders of its last three runs
     print(f"\nbundle: built in {build_s:.0f} s, {size_mb:.0f} MB; first start: window after "
           f"{timeline['window-shown']['seconds']:.1f} s, demo pair loaded after {loaded['seconds']:.1f} s, "
           f"reply after {first_reply_s:.1f} s; exit {exit_s:.1f} s after SIGTERM")
