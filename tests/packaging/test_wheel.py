@@ -1,0 +1,109 @@
+"""The wheel built from this tree is complete and works outside it: installed into a fresh
+virtual environment, it holds every module and every file under resources/, and its
+`tandem` command prints its version and answers one message with the demo pair.
+
+The fresh environment gets the dependencies from this one (already built, offline) through
+a .pth file that lists this environment's site-packages folders; path lines in a .pth file
+do not run the .pth files inside those folders, so an editable install of the source tree
+stays invisible there. Everything runs from a folder outside the checkout.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+import engine
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("app", "engine", "resources")
+QUESTION = "What is the capital of France? Answer in one sentence."
+
+
+def files_under(folder: Path) -> set[str]:
+    return {
+        path.relative_to(folder).as_posix()
+        for path in folder.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+    }
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """A fresh virtual environment with only the wheel installed in it; returns its folder."""
+    work = tmp_path_factory.mktemp("wheel")
+    # A copy of what the wheel is built from, so no stale build/ folder of the checkout can leak into it.
+    source = work / "source"
+    for name in PACKAGES:
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", work / "dist", source],
+        check=True, cwd=work,
+    )
+    [wheel] = (work / "dist").glob("tandem-*.whl")
+    assert wheel.name == f"tandem-{engine.__version__}-py3-none-any.whl"  # pyproject reads the version from engine
+
+    environment = work / "venv"
+    venv.EnvBuilder(with_pip=False).create(environment)
+    python = environment / "bin" / "python"
+    site_packages = Path(subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], capture_output=True, text=True, check=True
+    ).stdout.strip())
+    dependencies = [path for path in sys.path if Path(path).name in ("site-packages", "dist-packages")]
+    (site_packages / "dependencies-from-the-test-environment.pth").write_text("\n".join(dependencies) + "\n")
+    # --ignore-installed: this environment's own tandem (an editable install) is visible through
+    # the .pth file; pip must neither skip the wheel because of it nor try to remove it.
+    subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", wheel],
+        check=True, cwd=work,
+    )
+    return environment
+
+
+def run_installed(environment: Path, arguments: list[str], **options) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    return subprocess.run(arguments, cwd=environment.parent, env=env, capture_output=True, text=True, check=False,
+                          timeout=600, **options)
+
+
+def installed_folder(environment: Path, package: str) -> Path:
+    found = run_installed(environment, [environment / "bin" / "python", "-c", f"import {package}; print({package}.__file__)"])
+    assert found.returncode == 0, found.stderr
+    return Path(found.stdout.strip()).parent
+
+
+def test_the_wheel_holds_every_module_and_resource_and_imports_from_the_environment(installed):
+    for package in PACKAGES:
+        folder = installed_folder(installed, package)
+        assert folder.is_relative_to(installed), f"{package} imported from {folder}, not from the wheel"
+        assert files_under(folder) == files_under(ROOT / package), package
+    assert "drafts/smollm2-135m-draft/heads/heads.safetensors" in files_under(installed_folder(installed, "resources"))
+    assert "heads/store.py" in files_under(installed_folder(installed, "engine"))
+
+
+def test_the_installed_command_prints_its_version(installed):
+    result = run_installed(installed, [installed / "bin" / "tandem", "--version"])
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"tandem {engine.__version__}"
+    assert any(line.startswith("torch ") and "not installed" not in line for line in lines)
+
+
+def test_the_installed_command_chats_with_the_demo_pair(installed, demo_target_path):
+    result = run_installed(
+        installed, [installed / "bin" / "tandem", "chat", "--temperature", "0", "--max-new-tokens", "24"],
+        input=QUESTION + "\n",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+    assert "tandem> " in result.stdout and " tok/s" in result.stdout  # a streamed reply, then its stats line
+    # The draft came from the wheel's resources, not from the checkout.
+    resources = installed_folder(installed, "resources")
+    assert f"Loading draft {resources / 'drafts' / 'smollm2-135m-draft'}" in result.stderr
