@@ -104,7 +104,7 @@ def test_the_heads_cache_after_many_rounds_equals_a_fresh_recompute(seed):
     model = tiny_target(seed=seed, vocab_size=vocab)
     head = tiny_head(seed + 10, vocab_size=vocab, draft_vocab=10)
     target = TorchRuntime(model, torch.device("cpu"), feature_layers=LAYER_IDS)
-    runner = Eagle3Runtime(head, target, model.get_input_embeddings().weight, dtype=torch.float32)
+    runner = Eagle3Runtime(head, target, model.get_input_embeddings().weight, dtype=torch.float32, quantise=False)
     drafter = TreeDrafter(runner, vocab, FixedTreeShape(TreeShape(budget=8, depth=3, branching=3, beam=2)))
     sampler = Sampler(temperature=1.0, generator=torch.Generator().manual_seed(seed))
     context = [1, 5, 9, 2, 7]
