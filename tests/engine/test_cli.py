@@ -30,9 +30,11 @@ def test_bench_reports_every_method_with_ratios_from_one_run(tmp_path, demo_targ
     assert code == 0
     report = json.loads(report_path.read_text())
     rows = {row["method"]: row for row in report["results"]}
-    expected = {"ar", "chain", "ngram", "hf-assisted"}
+    expected = {"auto", "ar", "chain", "ngram", "hf-assisted"}
     if demo_pair().draft is not None:
         expected |= {"tree", "staged", "adaptive", "sprinter"}  # the demo draft ships calibrated heads
+    if demo_pair().eagle is not None:
+        expected |= {"eagle", "eagle-tree"}  # the demo pair ships an EAGLE-3 head
     if importlib.util.find_spec("llama_cpp") is not None:
         expected.add("llamacpp-ar")
     assert set(rows) == expected
@@ -56,7 +58,7 @@ def test_bench_reports_every_method_with_ratios_from_one_run(tmp_path, demo_targ
     assert len(rows["chain"]["per_prompt"]) == 2
     assert report["machine"]["cpu_cores"] >= 1
     # Where a tree round's time goes, as the automatic shapes measured it in this run.
-    tree_methods = expected & {"tree", "staged"}
+    tree_methods = expected & {"tree", "staged", "eagle-tree"}
     assert set(report["tree_shapes"]) == tree_methods
     for method in tree_methods:
         assert report["tree_shapes"][method]["verify_ms_by_tokens"]
