@@ -103,6 +103,7 @@ class MainWindow(QMainWindow):
         self._closed = False
         self._ready_text = ""  # the status line of the loaded pair
         self._load_failure_shown = False  # the banner holds a load error, which a later load ends
+        self._failed_pairs: dict[str, tuple[PairConfig, str]] = {}  # name: (config that failed, why)
 
         self.client = EngineClient(engine or LocalEngine(), self)
         self.conversations = ConversationList(self.store)
@@ -318,6 +319,7 @@ class MainWindow(QMainWindow):
             self.pane.banner.hide()
         self.settings.active_pair = info.config.name
         save_settings(self.settings)
+        self._failed_pairs.pop(info.config.name, None)
         self.speed_panel.set_pair(description)
         self.pane.view.set_placeholder_text(WELCOME)
         self._fill_pair_combo()
@@ -371,6 +373,7 @@ class MainWindow(QMainWindow):
             still = " No pair is active: choose another in Settings → Model pairs."
             self.load_label.setText("No model pair loaded")
             self.pane.view.set_placeholder_text("No model pair is loaded. Choose one in Settings → Model pairs.")
+        self._failed_pairs[config.name] = (config, _as_sentence(error_text(error)))
         self.pane.banner.show_message(f"Could not load “{config.name}”. {_as_sentence(error_text(error))}{still}")
         # A later load ends the message, except the fallback's own, which the message explains.
         self._load_failure_shown = self.client.loading is None
@@ -383,14 +386,26 @@ class MainWindow(QMainWindow):
         widest = metrics.averageCharWidth() * PAIR_NAME_CHARS
         for pair in self.pairs:
             # Only a name too long for the toolbar is elided; its tooltip holds it whole.
-            self.pair_combo.addItem(metrics.elidedText(pair.name, Qt.TextElideMode.ElideMiddle, widest), pair.name)
-            self.pair_combo.setItemData(self.pair_combo.count() - 1, pair_details(pair), Qt.ItemDataRole.ToolTipRole)
+            name = metrics.elidedText(pair.name, Qt.TextElideMode.ElideMiddle, widest)
+            failure = self.load_failure(pair)
+            if failure is None:
+                self.pair_combo.addItem(name, pair.name)
+                tip = pair_details(pair)
+            else:  # still listed, so that choosing it again retries the load
+                self.pair_combo.addItem(f"⚠ {name} — failed to load", pair.name)
+                tip = f"Failed to load: {failure}\nChoose it again to retry.\n\n{pair_details(pair)}"
+            self.pair_combo.setItemData(self.pair_combo.count() - 1, tip, Qt.ItemDataRole.ToolTipRole)
         self.pair_combo.setCurrentIndex(max(self.pair_combo.findData(active), 0))
         current = self.pair_named(self.pair_combo.currentData())
         self.pair_combo.setToolTip(
             (f"{pair_details(current)}\n\n" if current else "")
             + "Switch model pair; the current one stays active until the new one is loaded"
         )
+
+    def load_failure(self, pair: PairConfig) -> str | None:
+        """Why `pair`'s last load failed, unless it has loaded since or has been edited."""
+        failed = self._failed_pairs.get(pair.name)
+        return failed[1] if failed is not None and failed[0] == pair else None
 
     def _fill_method_combo(self, info: PairInfo | None) -> None:
         """The pair's exact methods; SPRINTER is the Verifier switch's. Before a pair loads,
