@@ -26,6 +26,7 @@ class ChatView(QScrollArea):
 
     regenerate_requested = Signal()
     edit_requested = Signal(int)
+    limit_settings_requested = Signal()  # a token-limit notice's link to Settings → Decoding
 
     def __init__(self):
         super().__init__()
@@ -64,6 +65,7 @@ class ChatView(QScrollArea):
         widget = MessageWidget(message, self._show_provenance)
         widget.regenerate_requested.connect(self.regenerate_requested)
         widget.edit_requested.connect(self.edit_requested)
+        widget.limit_settings_requested.connect(self.limit_settings_requested)
         self._layout.insertWidget(self._layout.count() - 1, widget)
         self.messages.append(widget)
         self._stick_to_bottom = True

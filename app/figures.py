@@ -68,7 +68,23 @@ def unchecked(stats: dict) -> str:
 
 def calls_skipped(stats: dict) -> str:
     skipped = stats.get("target_calls_skipped", 0)
-    return f"{skipped} (rounds that ended without a target call)"
+    return f"{skipped} (every token of the round passed the verifier)"
+
+
+def ended(figures: dict) -> str:
+    """How a reply ended, in words: 'the model ended its reply', 'reached the 512-token limit'."""
+    reason = figures.get("stop_reason", "")
+    limit = token_limit(figures)
+    if limit is not None:
+        return f"reached the {limit}-token limit"
+    return STOP_REASONS.get(reason, reason or "—")
+
+
+def token_limit(figures: dict) -> int | None:
+    """The token limit a reply stopped at, or None when it ended otherwise."""
+    if figures.get("stop_reason") != "length":
+        return None
+    return figures.get("decoding", {}).get("max_new_tokens")
 
 
 def rate(value: float | None) -> str:
@@ -201,7 +217,7 @@ def detail_rows(figures: dict) -> list[tuple[str, str]]:
         ]
     rows += [
         ("Prompt", f"{stats.get('prompt_tokens', 0)} tokens"),
-        ("Ended", STOP_REASONS.get(figures.get("stop_reason", ""), figures.get("stop_reason", "—"))),
+        ("Ended", ended(figures)),
     ]
     if pair:
         rows.append(("Pair", f"{pair.get('name', '?')}: {pair.get('target', '?')} + {pair.get('draft', '?')}"))
