@@ -157,11 +157,12 @@ class MainWindow(QMainWindow):
         toolbar.setObjectName("mainToolbar")
         toolbar.setMovable(False)
         self.addToolBar(toolbar)
+        # New chat and the speed panel's toggle live in the menus (and the list has its own New
+        # chat button), so that the toolbar fits a 1024-pixel-wide window without hiding any.
         self.new_action = QAction("New chat", self)
         self.new_action.setShortcut(QKeySequence.StandardKey.New)
         self.new_action.triggered.connect(self.controller.new_conversation)
-        toolbar.addAction(self.new_action)
-        toolbar.addSeparator()
+        self.addAction(self.new_action)  # Ctrl+N works wherever the focus is
         toolbar.addWidget(QLabel(" Pair "))
         self.pair_combo = QComboBox()
         self.pair_combo.setMinimumContentsLength(18)

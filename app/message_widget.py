@@ -163,6 +163,8 @@ class FiguresLine(QWidget):
         self.details = QLabel()
         self.details.setObjectName("figuresDetails")
         self.details.setTextFormat(Qt.TextFormat.RichText)
+        self.details.setWordWrap(True)  # else its widest row widens the whole chat past the window
+        self.details.setSizePolicy(*TEXT_SIZE_POLICY)
         self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.details.setVisible(False)
         layout.addWidget(self.details)
