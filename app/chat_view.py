@@ -3,7 +3,7 @@ input box with Send / Stop."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QKeyEvent
+from PySide6.QtGui import QKeyEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -26,6 +26,7 @@ class ChatView(QScrollArea):
 
     regenerate_requested = Signal()
     edit_requested = Signal(int)
+    limit_settings_requested = Signal()  # a token-limit notice's link to Settings → Decoding
 
     def __init__(self):
         super().__init__()
@@ -64,6 +65,7 @@ class ChatView(QScrollArea):
         widget = MessageWidget(message, self._show_provenance)
         widget.regenerate_requested.connect(self.regenerate_requested)
         widget.edit_requested.connect(self.edit_requested)
+        widget.limit_settings_requested.connect(self.limit_settings_requested)
         self._layout.insertWidget(self._layout.count() - 1, widget)
         self.messages.append(widget)
         self._stick_to_bottom = True
@@ -220,7 +222,11 @@ class ChatPane(QWidget):
         self.send_button = QPushButton("Send")
         self.send_button.setDefault(True)
         self.stop_button = QPushButton("Stop")
-        self.stop_button.setToolTip("Stop the reply; what was written so far is kept")
+        self.stop_button.setToolTip("Stop the reply; what was written so far is kept (Esc)")
+        # Esc anywhere in the window stops a reply. Enabled only while one streams, so that
+        # otherwise Esc still reaches the input box (where it cancels an edit) and the list.
+        self.stop_shortcut = QShortcut(QKeySequence(Qt.Key.Key_Escape), self, context=Qt.ShortcutContext.WindowShortcut)
+        self.stop_shortcut.setEnabled(False)
         self.stop_button.setVisible(False)
         row.addWidget(self.input, 1)
         buttons = QVBoxLayout()
@@ -235,6 +241,7 @@ class ChatPane(QWidget):
         self.input.cancelled.connect(self.edit_cancelled)
         self.send_button.clicked.connect(self._submit)
         self.stop_button.clicked.connect(self.stop_requested)
+        self.stop_shortcut.activated.connect(self.stop_requested)
         self._can_send = False
         self._loading = False
         self._queued = False  # Enter was pressed while the pair loaded: send once it is ready
@@ -268,6 +275,7 @@ class ChatPane(QWidget):
         self.send_button.setToolTip("Send (Enter)" if can_send else why_not)
         self.send_button.setVisible(not generating)
         self.stop_button.setVisible(generating)
+        self.stop_shortcut.setEnabled(generating)
 
     def show_conversation(self, title: str, system_prompt: str, messages: list[StoredMessage]) -> None:
         self.title.setText(title)

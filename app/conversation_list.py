@@ -52,15 +52,21 @@ class ConversationList(QWidget):
         layout.addLayout(buttons)
 
         self.new_button.clicked.connect(self.new_requested)
-        self.search.textChanged.connect(lambda: self.refresh(self.current_id()))
+        # The open conversation, not the list's current item: a search that hides it leaves the
+        # list without one, and clearing the search must select it again (Rename and Delete
+        # act on the selected item, and stayed greyed out when it was lost).
+        self.search.textChanged.connect(lambda: self.refresh(self._open_id))
         self.list.currentItemChanged.connect(self._on_current_changed)
         self.list.itemChanged.connect(self._on_item_edited)
         self.rename_button.clicked.connect(self.rename_current)
         self.delete_button.clicked.connect(self._confirm_delete)
         self._refreshing = False
+        self._open_id: int | None = None  # the conversation the chat pane shows
 
     def refresh(self, select_id: int | None = None) -> None:
-        """Reload titles from the store, keeping `select_id` selected when it is listed."""
+        """Reload titles from the store, keeping `select_id` (the open conversation) selected
+        when it is listed."""
+        self._open_id = select_id
         self._refreshing = True
         self.list.clear()
         for conversation in self.store.list_conversations(self.search.text()):
@@ -89,7 +95,8 @@ class ConversationList(QWidget):
         self.rename_button.setEnabled(current is not None)
         self.delete_button.setEnabled(current is not None)
         if current is not None and not self._refreshing:
-            self.selected.emit(current.data(ID_ROLE))
+            self._open_id = current.data(ID_ROLE)
+            self.selected.emit(self._open_id)
 
     def _on_item_edited(self, item: QListWidgetItem) -> None:
         if self._refreshing:

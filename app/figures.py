@@ -17,6 +17,31 @@ STOP_REASONS = {
 }
 EXACT_VERIFIER, SPRINTER_VERIFIER = "Exact", methods.label("sprinter")
 
+# One sentence for each figure, in the words of someone who has never read a paper on
+# speculative decoding: the speed panel's tooltips, and the same for a reply's Details.
+FIGURE_TIPS = {
+    "speed": "Reply tokens written per second, from the first token of the reply to the last (reading your message not included).",
+    "first_token": "How long you waited for the first word of the reply: mostly the time to read your message and the conversation before it.",
+    "verifier": "Exact: the big (target) model checked every token, so the reply is what it alone would write. "
+                "SPRINTER (approximate): a learned verifier let some tokens out without that check.",
+    "unchecked": "The share of reply tokens that went out without the target model ever checking them (SPRINTER only).",
+    "skipped": "Rounds in which every drafted token passed SPRINTER's verifier, so the target model was not called at all.",
+    "quality": "How SPRINTER's verifier did on prompts held out of its calibration: how many wrong tokens it lets through, "
+               "and how often it guesses the target's verdict right.",
+    "acceptance": "Of the tokens the small (draft) model guessed, the share the target model agreed with and kept; "
+                  "higher means fewer wasted guesses.",
+    "per_call": "Reply tokens written per call of the target model (tok/call), the end-of-reply token included; "
+                "plain decoding writes 1, so 2.5 means each expensive call wrote 2.5 tokens.",
+    "saved": "How many fewer target-model calls this reply needed than plain decoding, which calls it once per token.",
+    "mode": "The decoding method and its settings that wrote this reply (change them in the toolbar or Settings → Decoding).",
+    "device": "Where the models run (CPU or GPU) and the number format of their weights.",
+    "runtime": "The library that runs the models: torch (transformers) or llama.cpp (GGUF files).",
+    "memory": "Memory the loaded pair takes: RAM on a CPU, GPU memory on a GPU.",
+    "time_share": "How the reply's compute time was split between the small draft model and the big target model.",
+    "by_position": "For the 1st, 2nd, 3rd… guessed token of a round: how often the target kept it. Later guesses are kept less often, "
+                   "since each needs all earlier ones to be right.",
+}
+
 
 def method_title(method: str) -> str:
     return methods.label(method)
@@ -68,7 +93,23 @@ def unchecked(stats: dict) -> str:
 
 def calls_skipped(stats: dict) -> str:
     skipped = stats.get("target_calls_skipped", 0)
-    return f"{skipped} (rounds that ended without a target call)"
+    return f"{skipped} (every token of the round passed the verifier)"
+
+
+def ended(figures: dict) -> str:
+    """How a reply ended, in words: 'the model ended its reply', 'reached the 512-token limit'."""
+    reason = figures.get("stop_reason", "")
+    limit = token_limit(figures)
+    if limit is not None:
+        return f"reached the {limit}-token limit"
+    return STOP_REASONS.get(reason, reason or "—")
+
+
+def token_limit(figures: dict) -> int | None:
+    """The token limit a reply stopped at, or None when it ended otherwise."""
+    if figures.get("stop_reason") != "length":
+        return None
+    return figures.get("decoding", {}).get("max_new_tokens")
 
 
 def rate(value: float | None) -> str:
@@ -123,10 +164,14 @@ def decoding_mode(decoding: dict, verifier_label: str = "") -> str:
 
 
 def calls_saved(stats: dict) -> str:
+    """'23 (20 target calls for 43 tokens)': the tokens count the end-of-reply token, as the
+    saving and the tokens per call do, so that the three figures add up."""
     tokens, calls = stats.get("tokens_generated", 0), stats.get("target_calls", 0)
     if not tokens:
         return "—"
-    return f"{stats.get('target_calls_saved', 0)} ({calls} target calls for {tokens} tokens)"
+    produced = tokens + stats.get("stop_tokens", 0)
+    end_token = " with the end token" if stats.get("stop_tokens") else ""
+    return f"{stats.get('target_calls_saved', 0)} ({calls} target calls for {produced} tokens{end_token})"
 
 
 def by_position(stats: dict) -> str:
@@ -186,7 +231,7 @@ def detail_rows(figures: dict) -> list[tuple[str, str]]:
     if is_approximate(figures):
         rows += [
             ("Unchecked tokens", unchecked(stats)),
-            ("Target calls skipped", calls_skipped(stats)),
+            ("Rounds without a target call", calls_skipped(stats)),
             ("Held-out quality", quality_text(figures.get("quality"))),
         ]
     if decoding.get("method") != "ar":
@@ -201,7 +246,7 @@ def detail_rows(figures: dict) -> list[tuple[str, str]]:
         ]
     rows += [
         ("Prompt", f"{stats.get('prompt_tokens', 0)} tokens"),
-        ("Ended", STOP_REASONS.get(figures.get("stop_reason", ""), figures.get("stop_reason", "—"))),
+        ("Ended", ended(figures)),
     ]
     if pair:
         rows.append(("Pair", f"{pair.get('name', '?')}: {pair.get('target', '?')} + {pair.get('draft', '?')}"))

@@ -3,13 +3,17 @@ on the right; a toolbar to switch pair, method and verifier (Exact | SPRINTER); 
 in the status bar."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import QSettings, Qt, QTimer, Slot
-from PySide6.QtGui import QAction, QCloseEvent, QColor, QKeySequence, QPainter, QPaintEvent, QPixmap
+from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QColor, QKeySequence, QPainter, QPaintEvent, QPixmap
 from PySide6.QtWidgets import (
     QComboBox,
+    QFileDialog,
     QHBoxLayout,
     QLabel,
     QMainWindow,
+    QMessageBox,
     QProgressBar,
     QSizePolicy,
     QSplitter,
@@ -30,6 +34,8 @@ from engine.pairs import all_pairs, builtin_pairs
 from engine.paths import config_dir
 from engine.stats import GenerationStats
 
+from . import export, theme
+from .about_dialog import AboutDialog
 from .chat_session import ChatController
 from .chat_view import ChatPane
 from .conversation_list import ConversationList
@@ -47,6 +53,8 @@ from .verifier_switch import SPRINTER, VerifierSwitch, sprinter_refusal
 from .worker import EngineClient, PairInfo
 
 LAYOUT_FILE = "window.ini"
+STATUS_MESSAGE_MS = 8000  # how long "Exported … to …" stays in the status bar
+EXPORT_FILTERS = {export.MARKDOWN: "Markdown (*.md)", export.JSON: "JSON (*.json)"}
 PAIR_NAME_CHARS = 40  # the pair switch widens to fit names up to about this many characters
 WELCOME = "Ask anything. Replies are written on this machine, offline."
 FIRST_LOAD = (
@@ -63,17 +71,23 @@ class ProvenanceLegend(QWidget):
         super().__init__()
         layout = QHBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        colours = DARK_COLOURS if dark else LIGHT_COLOURS
+        self.swatches: dict[str, QLabel] = {}
         for kind, meaning in LEGEND:
             swatch = QLabel()
-            pixmap = QPixmap(12, 12)
-            pixmap.fill(QColor(colours[kind]))
-            swatch.setPixmap(pixmap)
             label = QLabel(meaning)
             for part in (swatch, label):
                 part.setToolTip(LEGEND_TIPS[kind])
             layout.addWidget(swatch)
             layout.addWidget(label)
+            self.swatches[kind] = swatch
+        self.set_dark(dark)
+
+    def set_dark(self, dark: bool) -> None:
+        colours = DARK_COLOURS if dark else LIGHT_COLOURS
+        for kind, swatch in self.swatches.items():
+            pixmap = QPixmap(12, 12)
+            pixmap.fill(QColor(colours[kind]))
+            swatch.setPixmap(pixmap)
 
 
 class ElidedLabel(QLabel):
@@ -95,6 +109,7 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.setWindowTitle("Tandem")
         self.settings, settings_warning = load_settings()
+        theme.apply_theme(self.settings.theme)  # before any widget reads the palette
         self.store, store_warning = open_chat_store()
         self.pairs, pairs_warning = _read_pairs()
         self.settings_dialog: SettingsDialog | None = None
@@ -103,6 +118,7 @@ class MainWindow(QMainWindow):
         self._closed = False
         self._ready_text = ""  # the status line of the loaded pair
         self._load_failure_shown = False  # the banner holds a load error, which a later load ends
+        self._failed_pairs: dict[str, tuple[PairConfig, str]] = {}  # name: (config that failed, why)
 
         self.client = EngineClient(engine or LocalEngine(), self)
         self.conversations = ConversationList(self.store)
@@ -119,12 +135,14 @@ class MainWindow(QMainWindow):
         self.controller = ChatController(self.store, self.client, self.pane, self.decode_settings, self)
 
         self._build_toolbar()
+        self._build_menu_bar()
         self._build_status_bar()
         self._connect()
         self.resize(1200, 760)
         self._restore_layout()
         self.pane.view.set_show_provenance(self.settings.show_provenance)
         self._open_first_conversation()
+        self._update_export_actions()
         # One banner holds every warning: shown one after another, only the last would stay.
         warnings = [warning for warning in (store_warning, settings_warning, pairs_warning) if warning]
         if warnings:
@@ -139,11 +157,12 @@ class MainWindow(QMainWindow):
         toolbar.setObjectName("mainToolbar")
         toolbar.setMovable(False)
         self.addToolBar(toolbar)
+        # New chat and the speed panel's toggle live in the menus (and the list has its own New
+        # chat button), so that the toolbar fits a 1024-pixel-wide window without hiding any.
         self.new_action = QAction("New chat", self)
         self.new_action.setShortcut(QKeySequence.StandardKey.New)
         self.new_action.triggered.connect(self.controller.new_conversation)
-        toolbar.addAction(self.new_action)
-        toolbar.addSeparator()
+        self.addAction(self.new_action)  # Ctrl+N works wherever the focus is
         toolbar.addWidget(QLabel(" Pair "))
         self.pair_combo = QComboBox()
         self.pair_combo.setMinimumContentsLength(18)
@@ -175,9 +194,9 @@ class MainWindow(QMainWindow):
             "which the target never checked)"
         )
         toolbar.addAction(self.provenance_action)
-        speed_toggle = self.speed_panel.toggleViewAction()
-        speed_toggle.setText("Speed panel")
-        toolbar.addAction(speed_toggle)
+        self.speed_toggle = self.speed_panel.toggleViewAction()
+        self.speed_toggle.setText("Speed panel")
+        self.speed_toggle.setShortcut(QKeySequence("Ctrl+Shift+S"))
         self.settings_action = QAction("Settings…", self)
         self.settings_action.setShortcut(QKeySequence.StandardKey.Preferences)
         toolbar.addAction(self.settings_action)
@@ -188,6 +207,43 @@ class MainWindow(QMainWindow):
         self._fill_pair_combo()
         self._fill_method_combo(None)
         self._show_verifier()
+
+    def _build_menu_bar(self) -> None:
+        """What people look for first in a desktop app: File, View and Help."""
+        bar = self.menuBar()
+        file_menu = bar.addMenu("&File")
+        file_menu.addAction(self.new_action)
+        file_menu.addSeparator()
+        self.export_chat_action = file_menu.addAction("&Export chat…", self.export_chat)
+        self.export_chat_action.setShortcut(QKeySequence("Ctrl+E"))
+        self.export_chat_action.setStatusTip("Save this conversation as Markdown or JSON")
+        self.export_all_action = file_menu.addAction("Export &all chats…", self.export_all_chats)
+        self.export_all_action.setStatusTip("Save every conversation, as Markdown and JSON, into a new folder")
+        file_menu.addSeparator()
+        file_menu.addAction(self.settings_action)
+        file_menu.addSeparator()
+        self.quit_action = file_menu.addAction("&Quit", self.close)
+        self.quit_action.setShortcut(QKeySequence("Ctrl+Q"))  # the standard Quit key is empty on Windows
+        self.quit_action.setMenuRole(QAction.MenuRole.QuitRole)
+
+        view_menu = bar.addMenu("&View")
+        theme_menu = view_menu.addMenu("&Theme")
+        self.theme_actions: dict[str, QAction] = {}
+        themes = QActionGroup(self)
+        for name in (theme.SYSTEM, theme.LIGHT, theme.DARK):
+            action = theme_menu.addAction(theme.TITLES[name])
+            action.setCheckable(True)
+            action.setChecked(name == self.settings.theme)
+            action.triggered.connect(lambda _checked, name=name: self.set_theme(name))
+            themes.addAction(action)
+            self.theme_actions[name] = action
+        view_menu.addSeparator()
+        view_menu.addAction(self.provenance_action)
+        view_menu.addAction(self.speed_toggle)
+
+        help_menu = bar.addMenu("&Help")
+        self.about_action = help_menu.addAction("&About Tandem", self.open_about)
+        self.about_action.setMenuRole(QAction.MenuRole.AboutRole)
 
     def _build_status_bar(self) -> None:
         bar = self.statusBar()
@@ -211,6 +267,9 @@ class MainWindow(QMainWindow):
         self.conversations.delete_requested.connect(self.controller.delete)
         self.conversations.renamed.connect(self.controller.rename)
         self.controller.conversations_changed.connect(self._refresh_conversations)
+        self.controller.conversations_changed.connect(self._update_export_actions)
+        self.conversations.selected.connect(self._update_export_actions)
+        self.pane.view.limit_settings_requested.connect(self.open_decoding_settings)
         self.controller.reply_started.connect(self.speed_panel.start_reply)
         self.client.load_progress.connect(self._on_load_progress)
         self.client.pair_loaded.connect(self._on_pair_loaded)
@@ -318,6 +377,7 @@ class MainWindow(QMainWindow):
             self.pane.banner.hide()
         self.settings.active_pair = info.config.name
         save_settings(self.settings)
+        self._failed_pairs.pop(info.config.name, None)
         self.speed_panel.set_pair(description)
         self.pane.view.set_placeholder_text(WELCOME)
         self._fill_pair_combo()
@@ -371,6 +431,7 @@ class MainWindow(QMainWindow):
             still = " No pair is active: choose another in Settings → Model pairs."
             self.load_label.setText("No model pair loaded")
             self.pane.view.set_placeholder_text("No model pair is loaded. Choose one in Settings → Model pairs.")
+        self._failed_pairs[config.name] = (config, _as_sentence(error_text(error)))
         self.pane.banner.show_message(f"Could not load “{config.name}”. {_as_sentence(error_text(error))}{still}")
         # A later load ends the message, except the fallback's own, which the message explains.
         self._load_failure_shown = self.client.loading is None
@@ -383,14 +444,26 @@ class MainWindow(QMainWindow):
         widest = metrics.averageCharWidth() * PAIR_NAME_CHARS
         for pair in self.pairs:
             # Only a name too long for the toolbar is elided; its tooltip holds it whole.
-            self.pair_combo.addItem(metrics.elidedText(pair.name, Qt.TextElideMode.ElideMiddle, widest), pair.name)
-            self.pair_combo.setItemData(self.pair_combo.count() - 1, pair_details(pair), Qt.ItemDataRole.ToolTipRole)
+            name = metrics.elidedText(pair.name, Qt.TextElideMode.ElideMiddle, widest)
+            failure = self.load_failure(pair)
+            if failure is None:
+                self.pair_combo.addItem(name, pair.name)
+                tip = pair_details(pair)
+            else:  # still listed, so that choosing it again retries the load
+                self.pair_combo.addItem(f"⚠ {name} — failed to load", pair.name)
+                tip = f"Failed to load: {failure}\nChoose it again to retry.\n\n{pair_details(pair)}"
+            self.pair_combo.setItemData(self.pair_combo.count() - 1, tip, Qt.ItemDataRole.ToolTipRole)
         self.pair_combo.setCurrentIndex(max(self.pair_combo.findData(active), 0))
         current = self.pair_named(self.pair_combo.currentData())
         self.pair_combo.setToolTip(
             (f"{pair_details(current)}\n\n" if current else "")
             + "Switch model pair; the current one stays active until the new one is loaded"
         )
+
+    def load_failure(self, pair: PairConfig) -> str | None:
+        """Why `pair`'s last load failed, unless it has loaded since or has been edited."""
+        failed = self._failed_pairs.get(pair.name)
+        return failed[1] if failed is not None and failed[0] == pair else None
 
     def _fill_method_combo(self, info: PairInfo | None) -> None:
         """The pair's exact methods; SPRINTER is the Verifier switch's. Before a pair loads,
@@ -497,7 +570,85 @@ class MainWindow(QMainWindow):
         self.legend.setVisible(show)
         self.pane.view.set_show_provenance(show)
 
+    # View and Help
+
+    @Slot(str)
+    def set_theme(self, name: str) -> None:
+        """Restyle the app now and keep the choice; widgets that paint their own colours follow."""
+        self.settings.theme = name
+        save_settings(self.settings)
+        theme.apply_theme(name)
+        self.theme_actions[name].setChecked(True)
+        dark = is_dark()
+        self.legend.set_dark(dark)
+        self.speed_panel.set_dark(dark)
+        for message in self.pane.view.messages:
+            message.restyle()
+
+    @Slot()
+    def open_about(self) -> AboutDialog:
+        dialog = AboutDialog(self.client.pair, list(self.settings.models), self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.open()
+        return dialog
+
+    # Export (File menu)
+
+    @Slot()
+    def _update_export_actions(self) -> None:
+        self.export_chat_action.setEnabled(self.controller.conversation_id is not None)
+        self.export_all_action.setEnabled(bool(self.store.list_conversations()))
+
+    @Slot()
+    def export_chat(self) -> None:
+        conversation = self.store.conversation(self.controller.conversation_id) if self.controller.conversation_id else None
+        if conversation is None:
+            return
+        suggested = Path.home() / f"{export.file_name(conversation.title)}.md"
+        chosen, chosen_filter = QFileDialog.getSaveFileName(
+            self, "Export chat", str(suggested), ";;".join(EXPORT_FILTERS.values())
+        )
+        if not chosen:
+            return
+        path = Path(chosen)
+        if path.suffix.lower() not in (".md", ".json"):  # the format chosen in the dialog names the suffix
+            kind = export.JSON if chosen_filter == EXPORT_FILTERS[export.JSON] else export.MARKDOWN
+            path = path.with_name(f"{path.name}.{kind}")
+        try:
+            export.export_conversation(self.store, conversation.id, path)
+        except export.ExportError as error:
+            self._export_failed(error)
+            return
+        self.statusBar().showMessage(f"Exported “{conversation.title}” to {path}", STATUS_MESSAGE_MS)
+
+    @Slot()
+    def export_all_chats(self) -> None:
+        chosen = QFileDialog.getExistingDirectory(self, "Export all chats into a folder", str(Path.home()))
+        if not chosen:
+            return
+        try:
+            folder, count = export.export_all(self.store, Path(chosen))
+        except export.ExportError as error:
+            self._export_failed(error)
+            return
+        chats = "1 chat" if count == 1 else f"{count} chats"
+        self.statusBar().showMessage(f"Exported {chats} (Markdown and JSON) to {folder}", STATUS_MESSAGE_MS)
+
+    def _export_failed(self, error: export.ExportError) -> None:
+        QMessageBox.warning(
+            self, "Export failed", f"{error} Choose another place to export to. Your chats are unchanged."
+        )
+
     # Settings dialog
+
+    @Slot()
+    def open_decoding_settings(self) -> SettingsDialog:
+        """Settings at Decoding, with Max new tokens ready to change (a token-limit notice's link)."""
+        dialog = self.open_settings()
+        dialog.tabs.setCurrentIndex(dialog.tabs.indexOf(dialog.decoding.parentWidget()))
+        dialog.decoding.max_new_tokens.setFocus()
+        dialog.decoding.max_new_tokens.selectAll()
+        return dialog
 
     @Slot()
     def open_settings(self) -> SettingsDialog:

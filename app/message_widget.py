@@ -163,6 +163,8 @@ class FiguresLine(QWidget):
         self.details = QLabel()
         self.details.setObjectName("figuresDetails")
         self.details.setTextFormat(Qt.TextFormat.RichText)
+        self.details.setWordWrap(True)  # else its widest row widens the whole chat past the window
+        self.details.setSizePolicy(*TEXT_SIZE_POLICY)
         self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.details.setVisible(False)
         layout.addWidget(self.details)
@@ -177,9 +179,38 @@ class FiguresLine(QWidget):
         self.details.setText(f"<table>{rows}</table>")
 
 
+class LimitNotice(QLabel):
+    """Under a reply that stopped at the token limit: says so, and where to raise the limit.
+    The engine cannot carry on a reply it has ended, so there is no Continue: Regenerate
+    after raising the limit writes it again, whole."""
+
+    settings_requested = Signal()
+
+    def __init__(self):
+        super().__init__()
+        self.setObjectName("limitNotice")
+        self.setWordWrap(True)
+        self.setTextFormat(Qt.TextFormat.RichText)
+        self.setTextInteractionFlags(Qt.TextInteractionFlag.LinksAccessibleByMouse | Qt.TextInteractionFlag.LinksAccessibleByKeyboard)
+        self.linkActivated.connect(lambda _link: self.settings_requested.emit())
+        self.limit: int | None = None
+        self.setVisible(False)
+
+    def show_limit(self, limit: int | None) -> None:
+        self.limit = limit
+        if limit is not None:
+            self.clear()  # the same text again would be ignored, and a theme change needs it re-laid
+            self.setText(
+                f"Stopped at the {limit}-token limit. For longer replies, raise “Max new tokens” in "
+                "<a href='settings:decoding'>Settings → Decoding</a>, then Regenerate."
+            )
+        self.setVisible(limit is not None)
+
+
 class MessageWidget(QFrame):
     regenerate_requested = Signal()
     edit_requested = Signal(int)  # message id
+    limit_settings_requested = Signal()  # the token-limit notice's link
 
     def __init__(self, message: StoredMessage, show_provenance: bool):
         super().__init__()
@@ -217,6 +248,10 @@ class MessageWidget(QFrame):
         self.coloured = _selectable_label(Qt.TextFormat.RichText)  # provenance colouring
         for body in (self.markdown, self.plain, self.coloured):
             layout.addWidget(body)
+
+        self.limit_notice = LimitNotice()
+        self.limit_notice.settings_requested.connect(self.limit_settings_requested)
+        layout.addWidget(self.limit_notice)
 
         self.figures_line = FiguresLine()
         self.figures_line.setVisible(False)
@@ -272,6 +307,11 @@ class MessageWidget(QFrame):
         else:
             self.markdown.set_markdown(self._text)
 
+    def restyle(self) -> None:
+        """The theme changed: rich text takes its colours (links, provenance) when it is set."""
+        self.limit_notice.show_limit(self.limit_notice.limit)
+        self.render()
+
     def set_status(self, status: str, note: str = "", activity: str = "") -> None:
         """`activity`, when given, says what a streaming reply is doing instead of "writing…"."""
         words = activity or STATUS_TEXT.get(status, "")
@@ -285,6 +325,7 @@ class MessageWidget(QFrame):
     def set_figures(self, figures: dict) -> None:
         self.figures_line.set_figures(figures)
         self.figures_line.setVisible(True)
+        self.limit_notice.show_limit(fmt.token_limit(figures))
 
     def set_actions(self, can_regenerate: bool, can_edit: bool) -> None:
         self.regenerate_button.setVisible(self.role == "assistant" and can_regenerate)

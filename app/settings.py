@@ -20,6 +20,7 @@ from engine.paths import config_dir
 
 SETTINGS_FILE = "app-settings.json"
 SCHEMA_VERSION = 1
+THEMES = ("system", "light", "dark")
 
 # MIGRATIONS[n] turns a version-n dict into a version-(n + 1) dict.
 MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
@@ -40,6 +41,9 @@ class AppSettings:
     # `decoding.method`; "sprinter" ones use SPRINTER (approximate) wherever the pair offers it.
     # `decoding.method` is always an exact method, so switching back finds it unchanged.
     verifier_mode: str = methods.EXACT_MODE
+    # View → Theme: "system" follows the desktop; "light" and "dark" choose for it. A file
+    # without it (written before the menu existed) reads as "system": no migration needed.
+    theme: str = "system"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -49,6 +53,7 @@ class AppSettings:
             "models": list(self.models),
             "show_provenance": self.show_provenance,
             "verifier_mode": self.verifier_mode,
+            "theme": self.theme,
         }
 
     @classmethod
@@ -69,12 +74,14 @@ class AppSettings:
         if not methods.is_exact(decoding.method):  # an approximate method is the switch's, not the method's
             decoding, verifier_mode = decoding.with_changes(method=defaults.decoding.method), methods.mode_of(decoding.method)
         models = data.get("models", [])
+        theme = data.get("theme")
         return cls(
             active_pair=str(data.get("active_pair") or defaults.active_pair),
             decoding=decoding,
             models=[str(m) for m in models] if isinstance(models, list) else [],
             show_provenance=bool(data.get("show_provenance", defaults.show_provenance)),
             verifier_mode=verifier_mode,
+            theme=theme if theme in THEMES else defaults.theme,
         )
 
 

@@ -2,7 +2,7 @@
 memory. A dock widget, so it can be moved, floated or hidden.
 
 It says which verifier wrote the reply (Exact, or SPRINTER (approximate)); for SPRINTER also
-the share of tokens the target never saw, the target calls skipped, and the held-out quality
+the share of tokens the target never saw, the rounds without a target call, and the held-out quality
 of the pair's verifier (from its heads' card)."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from PySide6.QtCharts import (
 )
 from PySide6.QtCore import QMargins, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QPainter, QPen
-from PySide6.QtWidgets import QDockWidget, QFormLayout, QLabel, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QDockWidget, QFrame, QGridLayout, QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
 from engine.config import DecodeSettings
 from engine.stats import GenerationStats
@@ -98,6 +98,7 @@ class SpeedPanel(QDockWidget):
         big.setPointSizeF(big.pointSizeF() * 1.8)
         big.setBold(True)
         self.speed.setFont(big)
+        self.speed.setToolTip(fmt.FIGURE_TIPS["speed"])
         self.caption = QLabel("Send a message to see live figures.")
         self.caption.setWordWrap(True)
         layout.addWidget(self.speed)
@@ -116,15 +117,20 @@ class SpeedPanel(QDockWidget):
         self.rate_view = QChartView(rate_chart)
         self.rate_view.setRenderHint(QPainter.RenderHint.Antialiasing)
         self.rate_view.setMinimumSize(220, 130)
+        self.rate_view.setToolTip("Reply speed while it was written (tokens per second, over seconds since the first token)")
         layout.addWidget(self.rate_view)
 
-        form = QFormLayout()
-        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        # A grid, not a QFormLayout: the form gave wrapped values the height of a wider column,
+        # cutting off their last line in a narrow panel.
+        grid = QGridLayout()
+        grid.setColumnStretch(1, 1)
+        grid.setHorizontalSpacing(10)
+        self.names: dict[str, QLabel] = {}
         self.values: dict[str, QLabel] = {}
         for key, title in (
             ("verifier", "Verifier"),
             ("unchecked", "Unchecked tokens"),
-            ("skipped", "Target calls skipped"),
+            ("skipped", "Rounds without a target call"),
             ("quality", "Held-out quality"),
             ("first_token", "First token"),
             ("acceptance", "Acceptance"),
@@ -139,21 +145,15 @@ class SpeedPanel(QDockWidget):
             value.setWordWrap(True)
             value.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
             self.values[key] = value
-            form.addRow(title, value)
+            self._add_row(grid, key, title, value)
         self.values["verifier"].setObjectName("verifierFigure")
-        self.values["unchecked"].setToolTip("Tokens SPRINTER's verifier let out without the target ever checking them")
-        self.values["skipped"].setToolTip("SPRINTER rounds whose tokens all passed the verifier, so the target was not called")
-        self.values["quality"].setToolTip(
-            "Measured on prompts held out of calibration. η: the share of tokens the target would reject that the "
-            "verifier lets through (each such token may differ from the target's choice). Accuracy: how often the "
-            "verifier predicts the target's verdict, against always guessing the more common verdict (constant)."
-        )
-        self.form = form
         self.share_bar = ShareBar()
-        form.addRow("Draft / target time", self.share_bar)
-        layout.addLayout(form)
+        self._add_row(grid, "time_share", "Draft / target time", self.share_bar)
+        layout.addLayout(grid)
 
-        layout.addWidget(QLabel("Acceptance by draft position"))
+        position_title = QLabel("Acceptance by draft position")
+        position_title.setToolTip(fmt.FIGURE_TIPS["by_position"])
+        layout.addWidget(position_title)
         self.position_set = QBarSet("accepted")
         self.position_set.setColor(QColor((DARK_COLOURS if dark else LIGHT_COLOURS)["draft"]).darker(130))
         self.position_series = QBarSeries()
@@ -169,9 +169,17 @@ class SpeedPanel(QDockWidget):
         self.position_view = QChartView(position_chart)
         self.position_view.setRenderHint(QPainter.RenderHint.Antialiasing)
         self.position_view.setMinimumSize(220, 120)
+        self.position_view.setToolTip(fmt.FIGURE_TIPS["by_position"])
         layout.addWidget(self.position_view)
         layout.addStretch()
-        self.setWidget(body)
+        # A short window scrolls the figures instead of squeezing the charts and rows into each other.
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll.setWidget(body)
+        self.setWidget(scroll)
+        self.charts = (rate_chart, position_chart)
         self._last_point = (0.0, 0)
         self._heads_card: dict | None = None
         self._show_sprinter_rows(False)
@@ -183,13 +191,37 @@ class SpeedPanel(QDockWidget):
         self.values["runtime"].setText(description.get("runtime", "torch"))
         self.values["memory"].setText(fmt.memory(description.get("memory_mb")))
 
+    def _add_row(self, grid: QGridLayout, key: str, title: str, value: QWidget) -> None:
+        """One figure: its name and its value, both explaining it in one sentence on hover."""
+        name = QLabel(title)
+        name.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
+        row = grid.rowCount()
+        grid.addWidget(name, row, 0)
+        grid.addWidget(value, row, 1)
+        for part in (name, value):
+            part.setToolTip(fmt.FIGURE_TIPS[key])
+        self.names[key] = name
+
+    def set_dark(self, dark: bool) -> None:
+        """The theme changed: the charts and the share bar take its colours."""
+        for chart in self.charts:
+            chart.setTheme(QChart.ChartTheme.ChartThemeDark if dark else QChart.ChartTheme.ChartThemeLight)
+        self.position_set.setColor(QColor((DARK_COLOURS if dark else LIGHT_COLOURS)["draft"]).darker(130))
+        for axis in (self.time_axis, self.rate_axis, self.percent_axis):  # setTheme resets their fonts
+            font = QFont(axis.labelsFont())
+            font.setPointSizeF(max(QFont().pointSizeF() - 1, 6))
+            axis.setLabelsFont(font)
+            axis.setTitleFont(font)
+        self.share_bar.update()
+
     def set_heads(self, card: dict | None) -> None:
         """The loaded pair's heads card, whose held-out figures SPRINTER replies are shown with."""
         self._heads_card = card
 
     def _show_sprinter_rows(self, shown: bool) -> None:
         for key in ("unchecked", "skipped", "quality"):
-            self.form.setRowVisible(self.values[key], shown)
+            self.names[key].setVisible(shown)
+            self.values[key].setVisible(shown)
 
     def _show_verifier(self, exact: bool) -> None:
         label = self.values["verifier"]

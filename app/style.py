@@ -23,7 +23,7 @@ QFrame#userMessage {{ background: {user_bubble}; border-radius: 10px; }}
 QFrame#assistantMessage {{ background: transparent; }}
 QFrame#codeBlock {{ background: {code_background}; border: 1px solid palette(mid); border-radius: 6px; }}
 QLabel#codeLanguage, QLabel#messageStatus, QLabel#figuresSummary, QLabel#formNote,
-QLabel#chatPlaceholder, QLabel#editNotice {{ color: {quiet}; }}
+QLabel#chatPlaceholder, QLabel#editNotice, QLabel#limitNotice {{ color: {quiet}; }}
 QLabel#messageStatus[failed="true"], QLabel#pickerStatus[failed="true"], QLabel#formError {{ color: {failed}; }}
 QLabel#chatTitle {{ font-weight: bold; }}
 QFrame#banner {{ background: {error_background}; border: 1px solid {error_border}; border-radius: 6px; margin: 4px 12px; }}

@@ -25,11 +25,17 @@ CONTENTS = {
 
 def version_report() -> str:
     lines = [f"tandem {__version__}", f"Python {platform.python_version()}"]
-    for name in COMPONENTS:
-        lines.append(f"{name} {installed_version(name) or 'not installed'}")
+    for name, version in component_versions().items():
+        lines.append(f"{name} {version or 'not installed'}")
     if getattr(sys, "frozen", False):
         lines.append(f"desktop bundle: {os.path.dirname(sys.executable)}")
     return "\n".join(lines)
+
+
+def component_versions() -> dict[str, str | None]:
+    """Each of COMPONENTS and its installed version (None: not installed); the app's About
+    dialog shows the same."""
+    return {name: installed_version(name) for name in COMPONENTS}
 
 
 def installed_version(distribution: str) -> str | None:

@@ -9,7 +9,8 @@ view after a 40,000-character message), `recovery` (a corrupt chats file set asi
 fake engine, and a first start converting the demo model for torch, with the real engine),
 `sprinter` (issue 11, the real engine: the Verifier switch before and after calibrating the
 demo pair's heads in Settings, the calibration's progress, and a SPRINTER reply with its
-speed panel and its unchecked tokens).
+speed panel and its unchecked tokens), `everyday` (issue 23, over the fake engine: the menus,
+About, export, the token-limit notice, a pair that failed to load, the dark theme, 1024×640).
 
 Runs in a private TANDEM_HOME (converted weights are shared with the user cache) on the
 offscreen platform unless a display is set. The pair picker lists the converted demo folder,
@@ -321,7 +322,157 @@ def sprinter(app: QApplication, home: Path) -> None:
         window.close()
 
 
-SETS = {"tour": tour, "long-chat": long_chat, "recovery": recovery, "rough-edges": rough_edges, "sprinter": sprinter}
+def with_popup(app: QApplication, window: QWidget, popup: QWidget, name: str) -> None:
+    """Save `window` with an open popup (a menu, a combo box's list) drawn where it shows:
+    popups are windows of their own, which grabbing the main window leaves out."""
+    wait_until(app, popup.isVisible, 5)
+    app.processEvents()
+    shot, popup_shot = window.grab(), popup.grab()
+    at = popup.mapToGlobal(QPoint(0, 0)) - window.mapToGlobal(QPoint(0, 0))
+    combined = QPixmap(max(shot.width(), at.x() + popup_shot.width()), max(shot.height(), at.y() + popup_shot.height()))
+    combined.fill(window.palette().window().color())
+    painter = QPainter(combined)
+    painter.drawPixmap(0, 0, shot)
+    painter.drawPixmap(at, popup_shot)
+    painter.end()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    combined.save(str(SHOTS / name))
+    print("saved", SHOTS / name)
+
+
+def fake_window(app: QApplication, engine, width: int = 1200, height: int = 760):
+    from app.main_window import MainWindow
+
+    window = MainWindow(engine)
+    window.resize(width, height)
+    window.show()
+    wait_until(app, lambda: window.client.pair is not None and window.client.loading is None, 10)
+    return window
+
+
+def send_and_finish(app: QApplication, window, text: str) -> None:
+    window.pane.input.setPlainText(text)
+    window.pane.send_button.click()
+    wait_until(app, lambda: not window.client.generating and window.controller.stream is None, 60)
+    app.processEvents()
+
+
+def everyday(app: QApplication, home: Path) -> None:
+    """Issue 23, over the fake engine (the window's own behaviour is the point): the menu bar
+    and About, an export and a refused one, the token-limit notice, a pair that failed to
+    load, the dark theme, and the window at 1024×640 with exact and SPRINTER replies."""
+    from PySide6.QtWidgets import QFileDialog, QMessageBox
+
+    from app.theme import apply_theme
+    from engine.config import DecodeSettings, ModelSpec, PairConfig
+    from engine.errors import ModelLoadError
+    from engine.pairs import save_user_pairs
+    from tests.app.fake_engine import FakeEngine
+
+    save_user_pairs([PairConfig("qwen2.5-7b + 0.5b draft", ModelSpec("/home/someone/models/Qwen2.5-7B-Instruct-Q4_K_M.gguf"),
+                                ModelSpec("/home/someone/models/Qwen2.5-0.5B-Instruct-Q8_0.gguf"))])
+    missing = ModelLoadError("Model file not found: /home/someone/models/Qwen2.5-7B-Instruct-Q4_K_M.gguf")
+    engine = FakeEngine(token_delay_s=0.02, heads=True,
+                        failing_sources={"/home/someone/models/Qwen2.5-7B-Instruct-Q4_K_M.gguf": missing})
+    window = fake_window(app, engine)
+    try:
+        send_and_finish(app, window, "What is speculative decoding?")
+        file_menu = window.menuBar().actions()[0].menu()
+        file_menu.popup(window.menuBar().mapToGlobal(QPoint(0, window.menuBar().height())))
+        with_popup(app, window, file_menu, "menu-file.png")
+        file_menu.close()
+        view_menu = window.menuBar().actions()[1].menu()
+        view_menu.popup(window.menuBar().mapToGlobal(QPoint(40, window.menuBar().height())))
+        wait_until(app, view_menu.isVisible, 5)
+        theme_menu = view_menu.actions()[0].menu()
+        view_menu.setActiveAction(view_menu.actions()[0])
+        theme_menu.popup(view_menu.mapToGlobal(QPoint(view_menu.width(), 0)))
+        wait_until(app, theme_menu.isVisible, 5)
+        shot_menus(app, window, [view_menu, theme_menu], "menu-view-theme.png")
+        theme_menu.close()
+        view_menu.close()
+
+        about = window.open_about()
+        wait_until(app, about.isVisible, 5)
+        save(about, "about-dialog.png")
+        about.reject()
+
+        exported = home / "exports" / "What-is-speculative-decoding.md"
+        exported.parent.mkdir()
+        QFileDialog.getSaveFileName = lambda *args, **kwargs: (str(exported), "Markdown (*.md)")
+        window.export_chat_action.trigger()
+        app.processEvents()
+        save(window, "export-chat-done.png")
+        refused = []
+
+        def show_warning(parent, title, text):
+            box = QMessageBox(QMessageBox.Icon.Warning, title, text, QMessageBox.StandardButton.Ok, parent)
+            box.show()
+            refused.append(box)
+
+        QMessageBox.warning = show_warning
+        QFileDialog.getSaveFileName = lambda *args, **kwargs: ("/sys/owls.md", "")  # refused even to root
+        window.export_chat_action.trigger()
+        wait_until(app, refused[0].isVisible, 5)
+        save(refused[0], "export-chat-refused.png")
+        refused[0].close()
+
+        window.set_decoding(window.settings.decoding.with_changes(max_new_tokens=24))
+        send_and_finish(app, window, "And in more detail?")
+        save(window, "token-limit-notice.png")
+
+        window.request_pair(window.pair_named("qwen2.5-7b + 0.5b draft"))
+        wait_until(app, lambda: window.client.loading is None and window.pane.banner.isVisible(), 10)
+        window.pair_combo.showPopup()
+        with_popup(app, window, window.pair_combo.view().window(), "pair-failed-to-load.png")
+        window.pair_combo.hidePopup()
+        window.pane.banner.hide()
+
+        window.set_theme("dark")
+        window.set_show_provenance(True)
+        app.processEvents()
+        save(window, "dark-theme.png")
+        window.set_show_provenance(False)
+        window.set_theme("system")
+    finally:
+        window.close()
+    apply_theme("system")
+
+    for mode in ("exact", "sprinter"):
+        use_scratch_home(f"tandem-screenshots-everyday-{mode}-")
+        small = fake_window(app, FakeEngine(token_delay_s=0.02, heads=True), 1024, 640)
+        try:
+            small.set_verifier_mode(mode)
+            small.set_decoding(DecodeSettings(method="chain", max_new_tokens=200, temperature=0.7))
+            send_and_finish(app, small, "What is speculative decoding?")
+            small.pane.view.messages[-1].figures_line.toggle.setChecked(True)
+            app.processEvents()
+            save(small, f"window-1024x640-{mode}.png")
+        finally:
+            small.close()
+
+
+def shot_menus(app: QApplication, window: QWidget, menus: list[QWidget], name: str) -> None:
+    """Like `with_popup`, for a menu and its open submenu."""
+    app.processEvents()
+    shot = window.grab()
+    origin = window.mapToGlobal(QPoint(0, 0))
+    placed = [(menu.mapToGlobal(QPoint(0, 0)) - origin, menu.grab()) for menu in menus]
+    width = max([shot.width()] + [at.x() + pixmap.width() for at, pixmap in placed])
+    height = max([shot.height()] + [at.y() + pixmap.height() for at, pixmap in placed])
+    combined = QPixmap(width, height)
+    combined.fill(window.palette().window().color())
+    painter = QPainter(combined)
+    painter.drawPixmap(0, 0, shot)
+    for at, pixmap in placed:
+        painter.drawPixmap(at, pixmap)
+    painter.end()
+    combined.save(str(SHOTS / name))
+    print("saved", SHOTS / name)
+
+
+SETS = {"tour": tour, "long-chat": long_chat, "recovery": recovery, "rough-edges": rough_edges, "sprinter": sprinter,
+        "everyday": everyday}
 
 
 if __name__ == "__main__":

@@ -449,3 +449,46 @@ def test_line_breaks_of_a_poem_are_kept_without_colouring(ready_window, qtbot):
     window = ready_window(FakeEngine(reply=poem))
     send_and_wait(qtbot, window, "A poem please")
     assert shown_markdown(last_reply(window)).splitlines() == poem.splitlines()
+
+
+def test_escape_stops_a_streaming_reply_and_keeps_what_was_written(ready_window, qtbot):
+    window = ready_window(FakeEngine(token_delay_s=0.05))
+    send(qtbot, window, "Write slowly")
+    qtbot.waitUntil(lambda: len(last_reply(window).text) > 10, timeout=5000)
+    window.conversations.list.setFocus()  # Esc works wherever the focus is in the window
+    with qtbot.waitSignal(window.client.finished, timeout=5000) as finished:
+        qtbot.keyClick(window.conversations.list, Qt.Key.Key_Escape)
+    assert finished.args[1].stop_reason == "stopped"
+    stored = window.store.messages(window.controller.conversation_id)[-1]
+    assert stored.status == STOPPED and stored.content and stored.content == finished.args[1].text
+
+
+def test_escape_while_nothing_streams_still_cancels_an_edit(ready_window, qtbot):
+    window = ready_window()
+    send_and_wait(qtbot, window, "Hello")
+    window.pane.view.messages[0].edit_button.click()
+    assert window.pane.edit_notice.isVisible()
+    qtbot.keyClick(window.pane.input, Qt.Key.Key_Escape)
+    assert not window.pane.edit_notice.isVisible() and window.pane.input.toPlainText() == ""
+
+
+def test_a_pair_that_failed_to_load_is_marked_in_the_pair_box_and_can_be_retried(make_window, qtbot):
+    save_user_pairs([PairConfig("broken", ModelSpec("/models/broken.gguf"))])
+    engine = FakeEngine(failing_sources={"/models/broken.gguf": ModelLoadError("Model file not found: /models/broken.gguf")})
+    window = make_window(engine)
+    qtbot.waitUntil(lambda: window.client.pair is not None, timeout=5000)
+    index = window.pair_combo.findData("broken")
+    assert window.pair_combo.itemText(index) == "broken"
+    with qtbot.waitSignal(window.client.load_failed, timeout=5000):
+        window.pair_combo.activated.emit(index)
+    index = window.pair_combo.findData("broken")
+    assert window.pair_combo.itemText(index) == "⚠ broken — failed to load"
+    tip = window.pair_combo.itemData(index, Qt.ItemDataRole.ToolTipRole)
+    assert tip.startswith("Failed to load: ") and "Model file not found: /models/broken.gguf" in tip and "retry" in tip
+    assert window.pair_combo.itemText(window.pair_combo.currentIndex()) == "demo"  # the good one stays unmarked
+
+    del engine.failing_sources["/models/broken.gguf"]  # the file is back: choosing it again retries
+    with qtbot.waitSignal(window.client.pair_loaded, timeout=5000):
+        window.pair_combo.activated.emit(index)
+    assert window.client.pair.config.name == "broken"
+    assert window.pair_combo.itemText(window.pair_combo.findData("broken")) == "broken"

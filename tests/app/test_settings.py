@@ -92,3 +92,12 @@ def test_the_verifier_switch_is_saved_and_a_saved_sprinter_method_becomes_the_sw
     assert loaded.verifier_mode == "sprinter" and loaded.decoding.exact
     settings_path().write_text(json.dumps({"schema_version": SCHEMA_VERSION, "verifier_mode": "fastest"}))
     assert load_settings()[0].verifier_mode == "exact"
+
+
+def test_the_theme_is_kept_and_a_file_without_one_or_with_an_unknown_one_follows_the_system():
+    save_settings(AppSettings(theme="dark"))
+    assert load_settings()[0].theme == "dark"
+    settings_path().write_text(json.dumps({"schema_version": 1, "active_pair": "demo"}))  # written before View → Theme
+    assert load_settings()[0].theme == "system"
+    settings_path().write_text(json.dumps({"schema_version": 1, "theme": "solarized"}))
+    assert load_settings()[0].theme == "system"

@@ -1,0 +1,84 @@
+"""The speed panel explains every figure, its figures agree with each other, and nothing in it
+is cut off in a small (1024×640) window, for exact and SPRINTER replies."""
+from __future__ import annotations
+
+import pytest
+from PySide6.QtWidgets import QLabel
+
+from app.figures import FIGURE_TIPS, calls_saved, detail_rows
+from engine.config import DecodeSettings
+from tests.app.fake_engine import FakeEngine
+from tests.app.helpers import send_and_wait
+
+
+def test_every_figure_has_a_one_sentence_tooltip_on_its_name_and_its_value(ready_window, qtbot):
+    window = ready_window()
+    panel = window.speed_panel
+    for key, value in panel.values.items():
+        tip = FIGURE_TIPS[key]
+        assert value.toolTip() == tip and panel.names[key].toolTip() == tip
+        assert tip.endswith(".") and tip.count(". ") <= 1  # a sentence or two, not an essay
+    assert panel.share_bar.toolTip() == FIGURE_TIPS["time_share"] and panel.speed.toolTip() == FIGURE_TIPS["speed"]
+    assert "tok/call" in FIGURE_TIPS["per_call"]
+
+
+def test_the_saving_the_calls_and_the_tokens_per_call_add_up_with_the_end_token():
+    # 40 reply tokens and the end-of-reply token came from 12 target calls.
+    stats = {"tokens_generated": 40, "stop_tokens": 1, "target_calls": 12, "target_calls_saved": 29,
+             "mean_accepted_per_target_call": 41 / 12}
+    assert calls_saved(stats) == "29 (12 target calls for 41 tokens with the end token)"
+    rows = dict(detail_rows({"stats": stats, "decoding": {"method": "chain"}}))
+    assert rows["Tokens per target call"] == "3.42"  # 41 / 12, as the saving counts
+
+
+def test_sprinter_names_rounds_without_a_target_call_apart_from_calls_saved():
+    stats = {"tokens_generated": 40, "unchecked_tokens": 30, "target_calls_skipped": 2, "target_calls": 8,
+             "target_calls_saved": 32, "exact": False}
+    rows = dict(detail_rows({"stats": stats, "decoding": {"method": "sprinter"}}))
+    assert rows["Rounds without a target call"].startswith("2 (every token of the round passed the verifier)")
+    assert rows["Target calls saved"].startswith("32 ")
+
+
+def clipped_labels(window) -> list[str]:
+    """Labels whose text needs more room than they got: a last line cut off, or cut at the right."""
+    panel = window.speed_panel
+    viewport = panel.widget().viewport()
+    clipped = []
+    for label in panel.findChildren(QLabel):
+        if not label.isVisibleTo(panel) or not label.text():
+            continue
+        if label.wordWrap() and label.heightForWidth(label.width()) > label.height():
+            clipped.append(f"{label.text()!r}: {label.height()} px high, needs {label.heightForWidth(label.width())}")
+        right = label.mapTo(viewport, label.rect().topRight()).x()
+        if right > viewport.width():
+            clipped.append(f"{label.text()!r}: ends at {right} px, the panel shows {viewport.width()}")
+    return clipped
+
+
+@pytest.mark.parametrize("mode", ["exact", "sprinter"])
+def test_nothing_is_cut_off_in_a_1024_by_640_window(make_window, qtbot, mode):
+    window = make_window(FakeEngine(heads=True))
+    qtbot.waitUntil(lambda: window.client.pair is not None, timeout=5000)
+    window.resize(1024, 640)
+    window.set_verifier_mode(mode)
+    window.set_decoding(DecodeSettings(method="chain", temperature=0.7))
+    send_and_wait(qtbot, window, "What is speculative decoding?")
+    qtbot.wait(50)  # layouts settle
+    assert window.speed_panel.values["verifier"].text() == ("Exact" if mode == "exact" else "SPRINTER (approximate)")
+    assert clipped_labels(window) == []
+    # The panel scrolls where the window is too short for all of it, instead of squeezing it.
+    body = window.speed_panel.widget().widget()
+    assert body.height() >= body.minimumSizeHint().height()
+    # Every toolbar control is on the toolbar, none behind its overflow button.
+    from PySide6.QtWidgets import QToolBar
+
+    toolbar = window.findChild(QToolBar, "mainToolbar")
+    hidden = [action.text() or type(toolbar.widgetForAction(action)).__name__ for action in toolbar.actions()
+              if toolbar.widgetForAction(action) is not None and not toolbar.widgetForAction(action).isVisible()]
+    assert hidden == []
+    # And a reply's details wrap inside the chat instead of widening it past the window.
+    reply = window.pane.view.messages[-1]
+    reply.figures_line.toggle.setChecked(True)
+    qtbot.wait(50)
+    view = window.pane.view
+    assert view.widget().width() <= view.viewport().width()
