@@ -79,7 +79,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--methods", default="ar,chain",
         help=f"comma-separated methods ({', '.join(methods.NAMES + tuple(methods.BENCH_PEERS))}), or all = every one the pair "
-        "offers (adaptive and sprinter need calibrated draft heads; sprinter is approximate) (default: ar,chain). "
+        "offers (adaptive and sprinter need calibrated draft heads; sprinter is approximate); default = the method "
+        "the app and tandem chat use for the pair (default: ar,chain). "
         "After the timed runs every output is scored: the target's NLL per token at temperature 1 (nll, lower "
         "is closer to the target) and ROUGE-L F1 against ar's output (rougeL, 1 = same text)",
     )
@@ -238,18 +239,19 @@ def _profiled(top: int):
 
 def _run_bench(args: argparse.Namespace) -> int:
     from .prompts import CHAT_PROMPTS, read_prompts
-    from .tools.bench import ALL_METHODS, Bench, available_methods, format_table, machine_description, parse_methods
+    from .tools.bench import (
+        ALL_METHODS, DEFAULT_ALIAS, Bench, available_methods, format_table, machine_description, parse_methods, resolve_default,
+    )
     from .tools.costs import CostTable, measure_costs
 
     settings = _settings_from_args(args, methods.NAMES)  # the bench sets the method of each run itself
-    chosen = parse_methods(args.methods, ALL_METHODS)
+    chosen = parse_methods(args.methods, ALL_METHODS + (DEFAULT_ALIAS,))
     prompts = read_prompts(args.prompts or CHAT_PROMPTS)
     if args.limit:
         prompts = prompts[: args.limit]
     cost_table = CostTable.load(args.cost_table) if args.cost_table else None  # a bad file fails before the load
     pair = _load(_pair_from_args(args))
-    if args.methods.strip() == "all":
-        chosen = available_methods(pair)
+    chosen = available_methods(pair) if args.methods.strip() == "all" else resolve_default(chosen, pair)
     if args.record_costs:
         print("  measuring what a call costs on this machine…", file=sys.stderr)
         recorded = measure_costs(pair, machine_description(pair).get("gpu") or machine_description(pair)["processor"])

@@ -138,6 +138,10 @@ def _acceptance_by_position(stats: list[GenerationStats]) -> list[float]:
     return [a / p if p else 0.0 for a, p in zip(accepted, proposed)]
 
 
+# A name `--methods` takes beside the methods: the one the app would use for the pair.
+DEFAULT_ALIAS = "default"
+
+
 def available_methods(pair: LoadedPair) -> list[str]:
     """Every method this pair can run here: its own, and the peers whose libraries are installed."""
     peers = []
@@ -146,6 +150,13 @@ def available_methods(pair: LoadedPair) -> list[str]:
     if llamacpp_library.available():
         peers.append("llamacpp-ar")
     return [m for m in ENGINE_METHODS if m in pair.methods] + peers
+
+
+def resolve_default(names: list[str], pair: LoadedPair) -> list[str]:
+    """`names` with `default` replaced by the method the app and `tandem chat` decode `pair`
+    with (each method once)."""
+    default = methods.default_method(pair.methods)
+    return list(dict.fromkeys(default if name == DEFAULT_ALIAS else name for name in names))
 
 
 def parse_methods(text: str, available: tuple[str, ...]) -> list[str]:

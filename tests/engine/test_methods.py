@@ -14,6 +14,7 @@ from engine.drafters.base import NoDrafter
 from engine.events import Finished
 from engine.config import ModelSpec, PairConfig
 from engine.session import LoadedPair, method_refusal
+from engine.tools.bench import ALL_METHODS, DEFAULT_ALIAS, parse_methods, resolve_default
 from tests.engine.heads_fixtures import fixed_heads, tiny_draft_pair
 from tests.engine.test_eagle import tiny_head
 
@@ -119,3 +120,10 @@ def test_auto_replies_say_what_ran(full_pair):
     assert sum(finished.stats.rounds_by_method.values()) > 0
     assert set(finished.stats.rounds_by_method) <= {"ar", "eagle-tree", "eagle", "tree", "staged"}
     assert finished.stats.note.startswith("auto: ")
+
+
+def test_the_bench_default_is_the_method_the_app_would_use(make_word_tokenizer):
+    pair = tiny_draft_pair(make_word_tokenizer)
+    assert parse_methods("ar,default", ALL_METHODS + (DEFAULT_ALIAS,)) == ["ar", "default"]
+    assert resolve_default(["ar", "default"], pair) == ["ar", methods.default_method(pair.methods)] == ["ar", "auto"]
+    assert resolve_default(["auto", "default"], pair) == ["auto"]
