@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -15,10 +17,57 @@ THREADS_VARIABLE = "TANDEM_THREADS"
 def physical_cores() -> int:
     """Threads for llama.cpp: one per physical core (hyper-threads only contend), unless
     TANDEM_THREADS says otherwise."""
+    return chosen_threads() or psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def chosen_threads() -> int | None:
+    """The thread count TANDEM_THREADS fixes, or None."""
     chosen = os.environ.get(THREADS_VARIABLE, "")
-    if chosen.isdigit() and int(chosen) > 0:
-        return int(chosen)
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    return int(chosen) if chosen.isdigit() and int(chosen) > 0 else None
+
+
+def busy_seconds() -> tuple[float, float]:
+    """(CPU seconds every process has run, CPU seconds this process has run), since boot and
+    since start: the two clocks ThreadBudget compares."""
+    machine = psutil.cpu_times()
+    busy = sum(machine) - machine.idle - getattr(machine, "iowait", 0.0)
+    own = psutil.Process().cpu_times()
+    return busy, own.user + own.system
+
+
+class ThreadBudget:
+    """How many threads llama.cpp should run now: the cores the rest of the machine leaves free.
+
+    llama.cpp's threads meet at a spinning barrier after every operation of a forward, so
+    one thread descheduled by another program stalls all of them: with two threads on a
+    2-core CPU and one busy process beside them, a step that takes 10 ms quiet took
+    hundreds of ms, with stalls of seconds (issue 23). One thread fewer than the free
+    cores never waits on a barrier for a core it cannot have. So every `interval` seconds
+    the budget reads how much CPU the other processes used since the last look, and allows
+    the cores left (at least one, at most `cores`)."""
+
+    def __init__(
+        self, cores: int, interval: float = 0.5,
+        read_busy: Callable[[], tuple[float, float]] = busy_seconds, clock: Callable[[], float] = time.monotonic,
+    ):
+        self.cores = cores
+        self.interval = interval
+        self._read_busy = read_busy
+        self._clock = clock
+        self._last = (clock(), *read_busy())
+        self._threads = cores
+
+    def threads(self) -> int:
+        now = self._clock()
+        last_time, last_busy, last_own = self._last
+        if now - last_time < self.interval:
+            return self._threads
+        busy, own = self._read_busy()
+        self._last = (now, busy, own)
+        others = max(0.0, (busy - last_busy) - (own - last_own)) / (now - last_time)  # cores in use elsewhere
+        # Rounded with a margin, so that a desktop's background flicker keeps every core.
+        self._threads = max(1, min(self.cores, self.cores - int(others + 0.3)))
+        return self._threads
 
 
 @cache

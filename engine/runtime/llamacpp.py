@@ -19,7 +19,7 @@ import torch
 
 from ..errors import ModelLoadError, OutOfMemoryError
 from .base import ModelRuntime
-from .cpu import physical_cores, repacking_crashes
+from .cpu import ThreadBudget, chosen_threads, physical_cores, repacking_crashes
 from .llamacpp_library import layer_input_functions, library, recent_errors
 
 COMMITTED = 0  # the sequence that holds the committed context
@@ -118,6 +118,9 @@ class LlamaCppRuntime(ModelRuntime):
         params.n_outputs_max = max(self._batch_tokens, SEQUENCES)
         params.kv_unified = True  # tree tokens are shared by several sequences
         params.n_threads = params.n_threads_batch = threads or physical_cores()
+        # Threads follow the free cores unless the caller or TANDEM_THREADS fixed them.
+        self._thread_budget = None if threads or chosen_threads() else ThreadBudget(physical_cores())
+        self._threads = params.n_threads
         params.no_perf = True
         # With embeddings on and no pooling, each decode also returns every output token's
         # final-norm hidden state beside its logits (what learned verifier heads read).
@@ -165,6 +168,7 @@ class LlamaCppRuntime(ModelRuntime):
         for begin in range(0, len(new_ids), self._batch_tokens):
             end = min(begin + self._batch_tokens, len(new_ids))
             outputs = self._fill_batch(new_ids, positions, sequences, begin, end, first_wanted)
+            self._follow_thread_budget()
             status = self._llama.llama_decode(self._context, self._batch)
             if status != 0:
                 raise self._decode_error(status)
@@ -185,6 +189,19 @@ class LlamaCppRuntime(ModelRuntime):
         self._hidden = hidden
         self._new_features = features
         return torch.from_numpy(logits)
+
+    def _follow_thread_budget(self) -> None:
+        if self._thread_budget is None:
+            return
+        threads = self._thread_budget.threads()
+        if threads != self._threads:
+            self._llama.llama_set_n_threads(self._context, threads, threads)
+            self._threads = threads
+
+    @property
+    def threads(self) -> int:
+        """The threads the next decode runs on."""
+        return self._threads
 
     def _last_features(self) -> torch.Tensor:
         return torch.from_numpy(self._new_features)

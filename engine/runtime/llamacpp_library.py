@@ -26,7 +26,7 @@ NEEDED_SYMBOLS = (
     "llama_backend_init", "llama_model_load_from_file", "llama_model_free", "llama_init_from_model",
     "llama_free", "llama_get_memory", "llama_memory_seq_rm", "llama_memory_seq_cp", "llama_memory_clear",
     "llama_batch_init", "llama_batch_free", "llama_decode", "llama_get_logits", "llama_model_get_vocab",
-    "llama_vocab_n_tokens", "llama_model_n_ctx_train", "llama_model_quantize", "llama_log_set",
+    "llama_vocab_n_tokens", "llama_model_n_ctx_train", "llama_model_quantize", "llama_log_set", "llama_set_n_threads",
 )
 NEEDED_CONTEXT_FIELDS = ("n_seq_max", "kv_unified", "n_threads", "n_threads_batch", "embeddings")
 INSTALL_HINT = f"pip install llama-cpp-python=={TESTED_VERSION} (it compiles, about 5 minutes)"
