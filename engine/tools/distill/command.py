@@ -17,7 +17,7 @@ from tqdm import tqdm
 from ...config import DEVICES, ConfigError
 from .data import GenerationSettings
 from .model import DEFAULT_PREFIX_LAYERS, INITS, PREFIX, SIZES
-from .eagle3 import Eagle3Settings
+from .eagle3 import HEAD_STARTS, Eagle3Settings
 from .pipeline import DEFAULT_PROMPTS, DEFAULT_TOKENS, KINDS, Distillation, Progress, RunSettings, default_heldout_tokens
 from .train import TrainSettings
 
@@ -42,6 +42,11 @@ def add_distill_command(subparsers: Any) -> None:
     parser.add_argument(
         "--ttt-steps", type=int, metavar="N",
         help="with --kind eagle3: how deep training-time test unrolls the head on its own outputs (default: 3)",
+    )
+    parser.add_argument(
+        "--head-start", choices=HEAD_STARTS,
+        help="with --kind eagle3: the head's decoder layer starts random, as in EAGLE-3 (default), or as the "
+        "target's last layer",
     )
     parser.add_argument("--out", type=Path, required=True, help="output folder: the draft, report.json and the run's work files")
     parser.add_argument(
@@ -141,7 +146,7 @@ def _settings_from_args(args: argparse.Namespace) -> RunSettings:
         training=TrainSettings(**_given(epochs=args.epochs, seed=args.seed, learning_rate=args.learning_rate)),
         kind=args.kind or "draft",
         eagle3=Eagle3Settings(**_given(
-            ttt_steps=args.ttt_steps, epochs=args.epochs, seed=args.seed, learning_rate=args.learning_rate,
+            ttt_steps=args.ttt_steps, start=args.head_start, epochs=args.epochs, seed=args.seed, learning_rate=args.learning_rate,
             draft_vocabulary=args.vocabulary,
         )),
     )
@@ -164,6 +169,7 @@ def _check_unchanged(args: argparse.Namespace, settings: RunSettings) -> None:
         "--target": (args.target and _target_source(args.target), settings.target),
         "--kind": (args.kind, settings.kind),
         "--ttt-steps": (args.ttt_steps, settings.eagle3.ttt_steps),
+        "--head-start": (args.head_start, settings.eagle3.start),
         "--size": (args.size, settings.size),
         "--tokens": (args.tokens, settings.tokens),
         "--init": (args.init, settings.init),

@@ -48,6 +48,7 @@ STEP_DECAY = 0.8  # weight of TTT step k: STEP_DECAY ** k
 @dataclass(frozen=True)
 class Eagle3Settings:
     ttt_steps: int = 3  # how deep training unrolls the head on its own outputs
+    start: str = "random"  # the decoder layer's start: EAGLE-3's random one, or "target" (its last layer)
     draft_vocabulary: int = 8192
     batch_size: int = 8  # sequences per step
     epochs: float = 3.0
@@ -57,6 +58,9 @@ class Eagle3Settings:
     weight_decay: float = 0.01
     checkpoint_every: int = 100
     seed: int = 0
+
+
+HEAD_STARTS = ("random", "target")
 
 
 # 1. Features
@@ -119,10 +123,16 @@ def _features_path(shard: Path) -> Path:
 
 
 def build_head(
-    target_model: torch.nn.Module, vocabulary: ReducedVocabulary, layer_ids: tuple[int, ...] | None = None, seed: int = 0
+    target_model: torch.nn.Module, vocabulary: ReducedVocabulary, layer_ids: tuple[int, ...] | None = None, seed: int = 0,
+    start: str = "random",
 ) -> Eagle3Head:
-    """A head for `target_model` (a torch Llama-family model), started from its last layer;
-    the random part of its start follows from `seed`, so a resumed run rebuilds it exactly."""
+    """A head for `target_model` (a torch Llama-family model). Its LM head and final norm are
+    always the target's own (restricted to the draft vocabulary); its decoder layer and fc
+    start as in EAGLE-3 ("random") or from the target's last layer ("target", see
+    _start_midlayer_from_target). The random part of the start follows from `seed`, so a
+    resumed run rebuilds it exactly."""
+    if start not in HEAD_STARTS:
+        raise ValueError(f"unknown head start {start!r}; one of {', '.join(HEAD_STARTS)}")
     config = target_model.config
     layer_ids = layer_ids or default_layer_ids(config.num_hidden_layers)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -143,21 +153,33 @@ def build_head(
             rope_theta=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
             max_position_embeddings=config.max_position_embeddings,
         ))
-    _start_from_target(head, target_model, torch.tensor(vocabulary.kept_ids))
+    _take_target_outputs(head, target_model, torch.tensor(vocabulary.kept_ids))
+    if start == "target":
+        _start_midlayer_from_target(head, target_model)
     return head
 
 
-def _start_from_target(head: Eagle3Head, target_model: torch.nn.Module, kept: torch.Tensor) -> None:
-    """`kept`: (draft V,) the target ids of the draft vocabulary, ascending."""
-    config = target_model.config
-    last = target_model.model.layers[-1]
-    width = config.hidden_size
+def _take_target_outputs(head: Eagle3Head, target_model: torch.nn.Module, kept: torch.Tensor) -> None:
+    """The vocabulary maps, the LM head and the final norm: the target's own. `kept`: (draft
+    V,) the target ids of the draft vocabulary, ascending."""
     with torch.no_grad():
         head.d2t.copy_(kept - torch.arange(len(kept)))
         head.t2d.zero_()
         head.t2d[kept] = True
         head.lm_head.weight.copy_(target_model.get_output_embeddings().weight[kept])
         head.norm.weight.copy_(target_model.model.norm.weight)
+
+
+def _start_midlayer_from_target(head: Eagle3Head, target_model: torch.nn.Module) -> None:
+    """The decoder layer as the target's last, reading the highest feature layer through fc.
+    A warm start in weights, but a biased one in what it predicts: the target's top layers
+    turn position t's features into a guess at token t+1, which the head is already given;
+    on the demo target it starts at ~1% agreement and learnt slower than EAGLE-3's own
+    random start (see docs/BENCHMARKS.md)."""
+    config = target_model.config
+    last = target_model.model.layers[-1]
+    width = config.hidden_size
+    with torch.no_grad():
         layer = head.midlayer
         for ours, theirs in (
             (layer.input_layernorm, last.input_layernorm), (layer.hidden_norm, last.input_layernorm),

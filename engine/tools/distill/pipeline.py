@@ -281,7 +281,7 @@ class Distillation:
         """Record the target's features, train the head with training-time test, write it."""
         settings, eagle = self.settings, self.settings.eagle3
         vocabulary = self._eagle3_vocabulary(train_data, target)
-        head = build_head(target.model, vocabulary, seed=eagle.seed)
+        head = build_head(target.model, vocabulary, seed=eagle.seed, start=eagle.start)
         # The features come from the runtime chats run the target on (llama.cpp's Q8_0 on a
         # CPU for a GGUF target), so the head learns the features it will read.
         recorder = load_model(ModelSpec(settings.target), runtime="auto") if target.device.type == "cpu" else target
