@@ -190,8 +190,7 @@ def _load_with_llamacpp(spec: ModelSpec, gguf: Path, report: ProgressCallback, a
     if precision == "auto":
         precision = "stored" if as_draft else LLAMACPP_TARGET_PRECISION
     if precision in llamacpp_library.QUANTISED_FILE_TYPES:
-        report(f"Converting {gguf.name} to {llamacpp_library.QUANTISED_FILE_TYPES[precision][1]} (first use only)…", None)
-        gguf = llamacpp_library.quantised_copy(gguf, precision)
+        gguf = llamacpp_library.quantised_copy(gguf, precision, announce=lambda message: report(message, None))
     folder = None if _gguf_path(spec) is not None else Path(spec.source).expanduser()
     tokenizer = _load_tokenizer(folder) if folder is not None else _gguf_tokenizer(original, report)
     vocabulary = ReducedVocabulary.load(folder)

@@ -15,6 +15,7 @@ import os
 import tempfile
 import threading
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import ModelLoadError
@@ -130,9 +131,10 @@ def _capture_log(llama_cpp) -> None:
     llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
 
 
-def quantised_copy(gguf: Path, precision: str) -> Path:
+def quantised_copy(gguf: Path, precision: str, announce: Callable[[str], None] | None = None) -> Path:
     """`gguf` re-quantised to `precision` (int8 = Q8_0, fp16, bf16, fp32), made once into the
-    cache folder (seconds for a small model) and reused after that."""
+    cache folder (seconds for a small model) and reused after that. `announce` hears that a
+    conversion starts, only when one does: a cached copy needs no message."""
     llama_cpp = library()
     file_type, type_name = QUANTISED_FILE_TYPES[precision]
     stat = gguf.stat()
@@ -140,6 +142,8 @@ def quantised_copy(gguf: Path, precision: str) -> Path:
     destination = cache_dir() / "models" / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.{type_name}.gguf"
     if destination.is_file():
         return destination
+    if announce is not None:
+        announce(f"Converting {gguf.name} to {type_name} (first use only)…")
     destination.parent.mkdir(parents=True, exist_ok=True)
     handle, partial = tempfile.mkstemp(prefix=f".{destination.name}.partial-", dir=destination.parent)
     os.close(handle)
