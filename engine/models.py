@@ -33,7 +33,9 @@ from .runtime import llamacpp_library
 from .runtime.device import resolve_device
 from .runtime.eagle3_head import Eagle3Head, check_fits_target, load_head
 from .runtime.reduced_vocabulary import ReducedVocabulary, ReducedVocabularyRuntime
-from .runtime.torch_load import READ_ERRORS, convert_gguf, load_torch_weights, torch_runtime_factory, torch_runtime_name
+from .runtime.torch_load import (
+    READ_ERRORS, convert_gguf, load_torch_weights, torch_runtime_factory, torch_runtime_name, without_progress_bars,
+)
 
 ProgressCallback = Callable[[str, "float | None"], None]
 RuntimeFactory = Callable[[bool, tuple[int, ...]], ModelRuntime]  # (hidden_states, feature_layers) -> runtime
@@ -422,7 +424,8 @@ def _converted_folder(gguf: Path) -> Path:
 
 def _read_gguf_tokenizer(gguf: Path) -> Any:
     try:
-        return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        with without_progress_bars():  # transformers draws a bar over the GGUF's tensors
+            return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     except READ_ERRORS as error:
         raise ModelLoadError(f"Could not read the tokenizer in the GGUF file {gguf}: {error}") from error
 
