@@ -27,6 +27,7 @@ from transformers import AutoTokenizer
 
 from .config import CPU_DEFAULT_PRECISION, LLAMACPP_TARGET_PRECISION, CUDA_DEFAULT_PRECISION, DEMO_TARGET, DRAFT_DEFAULT_PRECISION, ModelSpec
 from .errors import ModelLoadError
+from .model_files import check_model_files
 from .paths import cache_dir
 from .runtime import ModelRuntime
 from .runtime import llamacpp_library
@@ -120,6 +121,7 @@ def load_model(
     the runtime `runtime` asks for ("auto": llama.cpp where the model has a GGUF file and
     llama-cpp-python is installed). `as_draft` only changes what precision "auto" means."""
     report = progress or _ignore_progress
+    check_model_files(spec)  # a broken download is refused in a sentence, before a reader trips on it
     gguf = runtime_gguf(spec, runtime)
     if gguf is not None:
         return _load_with_llamacpp(spec, gguf, report, as_draft)
@@ -265,6 +267,7 @@ def load_tokenizer_only(spec: ModelSpec) -> Any:
     A GGUF file that has not been converted yet is not converted here: its tokenizer is read
     straight from the file (~4 s instead of ~20 s).
     """
+    check_model_files(spec)
     gguf = _gguf_path(spec)
     if gguf is not None and not _converted_folder(gguf).is_dir():
         return _read_gguf_tokenizer(gguf)
