@@ -1,7 +1,9 @@
 """`tandem chat`: a conversation in the terminal, streamed, with a live stats line.
 
-On a terminal the last screen row is kept for the stats (a scroll region covers the rest);
-when output is piped, the stats follow each reply as a plain line instead.
+On a terminal the last screen row is kept for the stats (a scroll region covers the rest),
+and messages are typed in a raw-mode line editor (engine/terminal_editor.py); when output
+is piped, the stats follow each reply as a plain line instead, and piped input is read a
+line per message.
 
 `/verifier exact|sprinter` is the app's Verifier switch: SPRINTER (approximate) replaces the
 method until `/verifier exact` brings the exact one back; it needs the pair's calibrated heads.
@@ -30,9 +32,10 @@ HELP = """Commands: /reset (new conversation), /system TEXT, /method ar|chain|tr
 /verifier exact|sprinter (SPRINTER is approximate: tokens its learned verifier passes are not checked
 by the target; it needs the pair's calibrated heads: tandem calibrate --pair NAME),
 /temperature T (0 is greedy: the same reply every time), /stats (last reply's figures), /help, /quit.
-A message can span lines: paste them (lines pasted together are one message), end a line with \\
-to go on with the next, or put the lines between two lines of \"\"\".
-Ctrl-C stops a reply; Ctrl-D quits."""
+A message can span lines: paste them (a paste is one message, sent when you press Enter), end a line
+with \\ to go on with the next, or put the lines between two lines of \"\"\". What you type while a
+reply streams waits, unechoed, for the next message.
+Ctrl-C stops a reply; Ctrl-L clears the screen; Ctrl-D quits."""
 
 
 def stats_line(stats: GenerationStats) -> str:

@@ -212,6 +212,8 @@ class Terminal:
         self.type("\x04")
         self.thread.join(timeout=20)
         assert self.result == [0]
+        modes = termios.tcgetattr(self.keyboard.fileno())[3]
+        assert modes & termios.ICANON and modes & termios.ECHO  # the terminal is as the chat found it
         time.sleep(0.05)
         os.close(self.controller)
         self.display.close()
@@ -341,3 +343,20 @@ def test_piped_input_is_still_read_a_line_per_message(tiny_pair, tmp_path):
         assert chat.run() == 0
     assert user_messages(chat) == ["w1 w2", "w3"]
     assert "\x1b[" not in out.getvalue()
+
+
+def test_a_backslash_or_a_block_of_triple_quotes_continues_a_typed_message(terminal_chat):
+    terminal = terminal_chat()
+    terminal.wait_for("you> ")
+    terminal.type("w1\\")
+    time.sleep(0.1)  # typed, not pasted: each Enter on its own
+    terminal.type("\r")
+    terminal.wait_for("...> ")
+    terminal.type("w2\r")
+    terminal.wait_for("you> ", count=2)
+    for line in ['"""', "w3 \\", "w4", '"""']:
+        terminal.type(line)
+        time.sleep(0.1)
+        terminal.type("\r")
+    terminal.quit(prompts_before=3)
+    assert user_messages(terminal.chat) == ["w1\nw2", "w3 \\\nw4"]
