@@ -30,7 +30,10 @@ GGUF_STRING, GGUF_ARRAY, GGUF_UINT32 = 8, 9, 4
 # A header field longer than this is a corrupt length, not a real string or array.
 MAX_HEADER_ITEMS = 1 << 32
 SAFETENSORS_MAX_HEADER = 100 * 1024 * 1024
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+# What a tokenizer can be saved as: fast (tokenizer.json), BPE (vocab.json), WordPiece
+# (vocab.txt), SentencePiece (tokenizer.model, spiece.model, ...), tiktoken (*.tiktoken).
+TOKENIZER_NAMES = ("tokenizer.json", "vocab.json", "vocab.txt")
+TOKENIZER_SUFFIXES = (".model", ".tiktoken")
 
 REDOWNLOAD = "Download or copy it again, then choose it again."
 
@@ -194,10 +197,12 @@ def check_model_folder(folder: Path) -> None:
     _check_json(folder / "config.json")
     for weights in _safetensors_files(folder):
         check_safetensors(weights)
-    tokenizers = [folder / name for name in TOKENIZER_FILES if (folder / name).is_file()]
+    tokenizers = [path for path in sorted(folder.iterdir()) if path.is_file()
+                  and (path.name in TOKENIZER_NAMES or path.suffix in TOKENIZER_SUFFIXES)]
     if not tokenizers:
         raise BrokenModelFile(
-            f"{folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): copy the model's tokenizer files into it."
+            f"{folder} has no tokenizer (no tokenizer.json, vocab.json, vocab.txt, *.model or *.tiktoken): "
+            "copy the model's tokenizer files into it."
         )
     for tokenizer in tokenizers:
         if tokenizer.suffix == ".json":
