@@ -183,7 +183,18 @@ class TerminalChat:
             with editor.terminal_mode():
                 yield editor
         else:
-            yield MessageReader(stream=self.stdin)
+            yield MessageReader(self._read_piped_line, stream=self.stdin)
+
+    def _read_piped_line(self, prompt: str) -> str:
+        """A line of piped input, written after its prompt as a terminal would echo it, so
+        that the transcript reads as a conversation and the reply starts on its own line."""
+        self.out.write(prompt)
+        line = self.stdin.readline()
+        if not line:
+            raise EOFError
+        line = line.rstrip("\r\n")
+        self.out.write(line + "\n")
+        return line
 
     def _reply(self, text: str, status: StatusLine) -> None:
         messages = self.history + [Message("user", text)]

@@ -3,7 +3,6 @@ end the chat, `/verifier` switches to SPRINTER and back; on a real (pseudo-)term
 paste is one message, typing during a reply waits for the next, the stats line fits."""
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import io
 import os
@@ -336,13 +335,12 @@ def test_piped_input_is_still_read_a_line_per_message(tiny_pair, tmp_path):
     piped = tmp_path / "input.txt"
     piped.write_text("w1 w2\nw3\n/quit\n")
     out = io.StringIO()
-    with piped.open() as stdin, contextlib.redirect_stdout(io.StringIO()), \
-            pytest.MonkeyPatch.context() as patch:
-        patch.setattr("sys.stdin", stdin)
+    with piped.open() as stdin:
         chat = TerminalChat(tiny_pair, DecodeSettings(method="ar", max_new_tokens=4), None, out=out, stdin=stdin)
         assert chat.run() == 0
     assert user_messages(chat) == ["w1 w2", "w3"]
     assert "\x1b[" not in out.getvalue()
+    assert "you> w1 w2\ntandem> " in out.getvalue()  # a transcript, each reply on its own line
 
 
 def test_a_backslash_or_a_block_of_triple_quotes_continues_a_typed_message(terminal_chat):
