@@ -25,7 +25,7 @@ from .events import Finished, PromptPrepared, PromptProgress, StatsUpdate, TextD
 from .heads.figures import describe_sprinter, sprinter_figures, sprinter_refusal
 from .session import LoadedPair, method_refusal
 from .stats import GenerationStats
-from .terminal_editor import LineEditor
+from . import terminal_editor
 from .terminal_input import MessageReader
 
 HELP = """Commands: /reset (new conversation), /system TEXT, /method ar|chain|tree|staged|ngram|adaptive,
@@ -178,8 +178,8 @@ class TerminalChat:
         terminal, else lines as they come (piped input)."""
         if self.read is not None:
             yield self.read
-        elif self.stdin.isatty() and self.out.isatty():
-            editor = LineEditor(self.stdin.fileno(), self.out, clear_screen=status.clear_screen)
+        elif self.stdin.isatty() and self.out.isatty() and terminal_editor.available():
+            editor = terminal_editor.LineEditor(self.stdin.fileno(), self.out, clear_screen=status.clear_screen)
             with editor.terminal_mode():
                 yield editor
         else:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-import termios
 import unicodedata
 from collections.abc import Callable, Iterator
 from typing import TextIO
@@ -26,7 +25,17 @@ from typing import TextIO
 from .terminal_input import BLOCK, CONTINUATION_PROMPT, CONTINUE, PASTE_WAIT_S
 from .terminal_keys import BRACKETED_PASTE_OFF, BRACKETED_PASTE_ON, Key, KeyDecoder
 
+try:
+    import termios
+except ImportError:  # Windows: its console has no termios; the chat reads lines there
+    termios = None
+
 READ_SIZE = 4096
+
+
+def available() -> bool:
+    """Whether this platform's terminals can be put in raw mode (not Windows consoles)."""
+    return termios is not None
 
 
 class LineEditor:
