@@ -50,7 +50,6 @@ class LineEditor:
         self.decoder = KeyDecoder()
         self.lines = [""]
         self.prompt = ""
-        self._held: list[Key] = []  # keys read behind the Enter that sent the last message
 
     @contextlib.contextmanager
     def terminal_mode(self) -> Iterator[None]:
@@ -79,10 +78,9 @@ class LineEditor:
                 self._write("^C\n" + self._drawn())
                 continue
             for index, key in enumerate(keys):
+                # An Enter with keys behind it never sends: it is a line of a paste.
                 message = self._apply(key, lambda: index + 1 < len(keys) or self._input_waiting(PASTE_WAIT_S))
                 if message is not None:
-                    # Keys behind the Enter that sent it (only ones a paste does not make) stay for the next message.
-                    self._held = keys[index + 1:]
                     return message
 
     # Input
@@ -101,7 +99,7 @@ class LineEditor:
     def _take_held_input(self) -> None:
         """What was typed while the reply streamed becomes the start of this message: its
         text and newlines, never an Enter that sends it unseen, nor Ctrl-D or Ctrl-L."""
-        keys, self._held = list(self._held), []
+        keys: list[Key] = []
         while self._input_waiting(0):
             data = os.read(self.input_fd, READ_SIZE)
             if not data:
