@@ -29,6 +29,8 @@ from PySide6.QtWidgets import (
 )
 
 from engine.config import CPU_DEFAULT_PRECISION, DEMO_DRAFT_FOLDER, DEMO_TARGET, DEVICES, PRECISIONS, RUNTIMES, ModelSpec, PairConfig
+from engine.errors import ModelLoadError
+from engine.model_files import check_pair_files
 
 from .error_text import error_text
 from .worker import EngineClient
@@ -164,6 +166,16 @@ class PairPicker(QDialog):
         self.resize(620, 560)
 
     # The result
+
+    def accept(self) -> None:
+        """Save only a pair whose model files are whole: a broken one keeps the picker open
+        with the reason, which says what to do."""
+        try:
+            check_pair_files(self.pair())
+        except ModelLoadError as error:
+            self._set_status(f"This pair cannot be saved: {error}", failed=True)
+            return
+        super().accept()
 
     def pair(self) -> PairConfig:
         target = ModelSpec(self.target.currentData(), self.precision.currentData(), self.device.currentData())

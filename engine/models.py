@@ -27,13 +27,16 @@ from transformers import AutoTokenizer
 
 from .config import CPU_DEFAULT_PRECISION, LLAMACPP_TARGET_PRECISION, CUDA_DEFAULT_PRECISION, DEMO_TARGET, DRAFT_DEFAULT_PRECISION, ModelSpec
 from .errors import ModelLoadError
+from .model_files import check_model_files
 from .paths import cache_dir
 from .runtime import ModelRuntime
 from .runtime import llamacpp_library
 from .runtime.device import resolve_device
 from .runtime.eagle3_head import Eagle3Head, check_fits_target, load_head
 from .runtime.reduced_vocabulary import ReducedVocabulary, ReducedVocabularyRuntime
-from .runtime.torch_load import READ_ERRORS, convert_gguf, load_torch_weights, torch_runtime_factory, torch_runtime_name
+from .runtime.torch_load import (
+    READ_ERRORS, convert_gguf, load_torch_weights, torch_runtime_factory, torch_runtime_name, without_progress_bars,
+)
 
 ProgressCallback = Callable[[str, "float | None"], None]
 RuntimeFactory = Callable[[bool, tuple[int, ...]], ModelRuntime]  # (hidden_states, feature_layers) -> runtime
@@ -118,6 +121,7 @@ def load_model(
     the runtime `runtime` asks for ("auto": llama.cpp where the model has a GGUF file and
     llama-cpp-python is installed). `as_draft` only changes what precision "auto" means."""
     report = progress or _ignore_progress
+    check_model_files(spec)  # a broken download is refused in a sentence, before a reader trips on it
     gguf = runtime_gguf(spec, runtime)
     if gguf is not None:
         return _load_with_llamacpp(spec, gguf, report, as_draft)
@@ -190,8 +194,7 @@ def _load_with_llamacpp(spec: ModelSpec, gguf: Path, report: ProgressCallback, a
     if precision == "auto":
         precision = "stored" if as_draft else LLAMACPP_TARGET_PRECISION
     if precision in llamacpp_library.QUANTISED_FILE_TYPES:
-        report(f"Converting {gguf.name} to {llamacpp_library.QUANTISED_FILE_TYPES[precision][1]} (first use only)…", None)
-        gguf = llamacpp_library.quantised_copy(gguf, precision)
+        gguf = llamacpp_library.quantised_copy(gguf, precision, announce=lambda message: report(message, None))
     folder = None if _gguf_path(spec) is not None else Path(spec.source).expanduser()
     tokenizer = _load_tokenizer(folder) if folder is not None else _gguf_tokenizer(original, report)
     vocabulary = ReducedVocabulary.load(folder)
@@ -264,6 +267,7 @@ def load_tokenizer_only(spec: ModelSpec) -> Any:
     A GGUF file that has not been converted yet is not converted here: its tokenizer is read
     straight from the file (~4 s instead of ~20 s).
     """
+    check_model_files(spec)
     gguf = _gguf_path(spec)
     if gguf is not None and not _converted_folder(gguf).is_dir():
         return _read_gguf_tokenizer(gguf)
@@ -423,7 +427,8 @@ def _converted_folder(gguf: Path) -> Path:
 
 def _read_gguf_tokenizer(gguf: Path) -> Any:
     try:
-        return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        with without_progress_bars():  # transformers draws a bar over the GGUF's tensors
+            return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     except READ_ERRORS as error:
         raise ModelLoadError(f"Could not read the tokenizer in the GGUF file {gguf}: {error}") from error
 

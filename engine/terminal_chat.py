@@ -1,13 +1,17 @@
 """`tandem chat`: a conversation in the terminal, streamed, with a live stats line.
 
-On a terminal the last screen row is kept for the stats (a scroll region covers the rest);
-when output is piped, the stats follow each reply as a plain line instead.
+On a terminal the last screen row is kept for the stats (a scroll region covers the rest),
+and messages are typed in a raw-mode line editor (engine/terminal_editor.py); when output
+is piped, the stats follow each reply as a plain line instead, and piped input is read a
+line per message.
 
 `/verifier exact|sprinter` is the app's Verifier switch: SPRINTER (approximate) replaces the
 method until `/verifier exact` brings the exact one back; it needs the pair's calibrated heads.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import sys
 from collections.abc import Callable
@@ -21,15 +25,17 @@ from .events import Finished, PromptPrepared, PromptProgress, StatsUpdate, TextD
 from .heads.figures import describe_sprinter, sprinter_figures, sprinter_refusal
 from .session import LoadedPair, method_refusal
 from .stats import GenerationStats
+from . import terminal_editor
 from .terminal_input import MessageReader
 
 HELP = """Commands: /reset (new conversation), /system TEXT, /method ar|chain|tree|staged|ngram|adaptive,
 /verifier exact|sprinter (SPRINTER is approximate: tokens its learned verifier passes are not checked
 by the target; it needs the pair's calibrated heads: tandem calibrate --pair NAME),
 /temperature T (0 is greedy: the same reply every time), /stats (last reply's figures), /help, /quit.
-A message can span lines: paste them (lines pasted together are one message), end a line with \\
-to go on with the next, or put the lines between two lines of \"\"\".
-Ctrl-C stops a reply; Ctrl-D quits."""
+A message can span lines: paste them (a paste is one message, sent when you press Enter), end a line
+with \\ to go on with the next, or put the lines between two lines of \"\"\". What you type while a
+reply streams waits, unechoed, for the next message.
+Ctrl-C stops a reply; Ctrl-L clears the screen; Ctrl-D quits."""
 
 
 def stats_line(stats: GenerationStats) -> str:
@@ -57,11 +63,12 @@ class StatusLine:
         self.stream = stream
         self.stderr = stderr
         self.live = stream.isatty()
-        self.rows = shutil.get_terminal_size().lines
+        self.rows = terminal_size(stream).lines
+        self.text = ""
 
     def __enter__(self) -> StatusLine:
         if self.live:
-            self.stream.write(f"\n\033[1;{self.rows - 1}r\033[{self.rows - 1};1H")  # scroll region above the last row
+            self.stream.write(f"\n{self._scroll_region()}\033[{self.rows - 1};1H")
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -69,10 +76,29 @@ class StatusLine:
             self.stream.write(f"\0337\033[{self.rows};1H\033[2K\0338\033[r")  # clear it, restore full-screen scrolling
             self.stream.flush()
 
+    def _scroll_region(self) -> str:
+        return f"\033[1;{self.rows - 1}r"  # every row but the last scrolls
+
     def show(self, text: str) -> None:
+        self.text = text
+        if not self.live:
+            return
+        size = terminal_size(self.stream)
+        region = ""
+        if size.lines != self.rows:  # the window was resized: move the status row to its new bottom
+            self.rows = size.lines
+            region = f"\0337{self._scroll_region()}\0338"
+        # One column short of the width: a character in the last column leaves some terminals
+        # waiting to wrap, and the next write would scroll the screen.
+        shown = fit_width(f" {text} ", size.columns - 1)
+        self.stream.write(f"{region}\0337\033[{self.rows};1H\033[2K\033[7m{shown}\033[0m\033[K\0338")
+        self.stream.flush()
+
+    def clear_screen(self) -> None:
+        """Ctrl-L: a blank screen with the status row drawn again, the cursor at the top."""
         if self.live:
-            self.stream.write(f"\0337\033[{self.rows};1H\033[2K\033[7m {text} \033[0m\0338")
-            self.stream.flush()
+            self.stream.write("\033[2J\033[H")
+            self.show(self.text)
 
     def progress(self, text: str, done: bool) -> None:
         """How far a long wait got: on the status row, or, with the output piped, on a line
@@ -88,16 +114,34 @@ class StatusLine:
             self.stream.write(f"[{text}]\n")
 
 
+def terminal_size(stream: TextIO) -> os.terminal_size:
+    """The size of the terminal `stream` writes to (the terminal's own, TIOCGWINSZ), or the
+    environment's guess when it has none."""
+    try:
+        return os.get_terminal_size(stream.fileno())
+    except (AttributeError, OSError, ValueError):  # not a file, or not a terminal
+        return shutil.get_terminal_size()
+
+
+def fit_width(text: str, columns: int) -> str:
+    """`text` cut to `columns` characters, the cut marked with an ellipsis."""
+    if len(text) <= columns:
+        return text
+    return text[: max(columns - 1, 0)] + "…" if columns > 0 else ""
+
+
 class TerminalChat:
     def __init__(self, pair: LoadedPair, settings: DecodeSettings, system_prompt: str | None,
-                 read: Callable[[str], str] | None = None, out: TextIO = sys.stdout, stderr: TextIO = sys.stderr):
+                 read: Callable[[str], str] | None = None, out: TextIO = sys.stdout, stderr: TextIO = sys.stderr,
+                 stdin: TextIO = sys.stdin):
         self.pair = pair
         self.settings = settings
         self.system_prompt = system_prompt
         self.history: list[Message] = []
-        self.read = read or MessageReader()  # one message per call, however many lines
+        self.read = read  # one message per call, however many lines; by default from `stdin`
         self.out = out
         self.stderr = stderr
+        self.stdin = stdin
         self.last_stats: GenerationStats | None = None
         # What `/verifier exact` goes back to: the last exact method in use.
         self.exact_method = settings.method if settings.exact else methods.default_method(pair.methods)
@@ -113,10 +157,10 @@ class TerminalChat:
             self.out.write(f"[error] {refusal} Using {self.settings.method} instead.\n")
         elif not self.settings.exact:
             self.out.write(f"{self._verifier_line()}\n")
-        with StatusLine(self.out, self.stderr) as status:
+        with StatusLine(self.out, self.stderr) as status, self._input(status) as read:
             while True:
                 try:
-                    line = self.read("you> ")
+                    line = read("you> ")
                 except EOFError:
                     self.out.write("\n")
                     return 0
@@ -127,6 +171,30 @@ class TerminalChat:
                         return 0
                     continue
                 self._reply(line, status)
+
+    @contextlib.contextmanager
+    def _input(self, status: StatusLine):
+        """The reader of messages: the one given, else a line editor in raw mode on a
+        terminal, else lines as they come (piped input)."""
+        if self.read is not None:
+            yield self.read
+        elif self.stdin.isatty() and self.out.isatty() and terminal_editor.available():
+            editor = terminal_editor.LineEditor(self.stdin.fileno(), self.out, clear_screen=status.clear_screen)
+            with editor.terminal_mode():
+                yield editor
+        else:
+            yield MessageReader(self._read_piped_line, stream=self.stdin)
+
+    def _read_piped_line(self, prompt: str) -> str:
+        """A line of piped input, written after its prompt as a terminal would echo it, so
+        that the transcript reads as a conversation and the reply starts on its own line."""
+        self.out.write(prompt)
+        line = self.stdin.readline()
+        if not line:
+            raise EOFError
+        line = line.rstrip("\r\n")
+        self.out.write(line + "\n")
+        return line
 
     def _reply(self, text: str, status: StatusLine) -> None:
         messages = self.history + [Message("user", text)]

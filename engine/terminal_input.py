@@ -1,4 +1,5 @@
-"""Reading one chat message from the terminal, where a message may span lines.
+"""Reading one chat message line by line, where a message may span lines: piped input, and
+a terminal where the chat's raw-mode editor (engine/terminal_editor.py) cannot run.
 
 A terminal hands a program one line per read, so a pasted paragraph would arrive as several
 messages. Lines that arrive together are one message: after each line, input that is already

@@ -20,7 +20,8 @@ import torch
 from ..errors import ModelLoadError, OutOfMemoryError
 from .base import ModelRuntime
 from .cpu import ThreadBudget, chosen_threads, physical_cores, repacking_crashes
-from .llamacpp_library import layer_input_functions, library, recent_errors
+from .llamacpp_library import failure_reason, forget_log, layer_input_functions, library
+from .llamacpp_library import version as llamacpp_version
 
 COMMITTED = 0  # the sequence that holds the committed context
 # Sequences a context can hold at once: the committed one plus one per tree leaf. Trees
@@ -59,11 +60,14 @@ def load_weights(path: Path, use_gpu: bool) -> LlamaCppWeights:
     params.n_gpu_layers = -1 if use_gpu and llama_cpp.llama_supports_gpu_offload() else 0
     if repacking_crashes():
         params.use_extra_bufts = False
-    recent_errors()  # forget older messages
+    forget_log()
     handle = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
     if not handle:
-        reason = recent_errors() or "llama.cpp could not load it"
-        raise ModelLoadError(f"Could not load the GGUF file {path} with llama.cpp: {reason}")
+        reason = failure_reason(
+            f"its format or architecture may be one this llama.cpp ({llamacpp_version()}) does not read; "
+            "update llama-cpp-python, or choose the PyTorch runtime"
+        )
+        raise ModelLoadError(f"Could not load the GGUF file {path} with llama.cpp: {reason}.")
     description = ctypes.create_string_buffer(256)
     llama_cpp.llama_model_desc(handle, description, len(description))
     vocab = llama_cpp.llama_model_get_vocab(handle)
@@ -129,10 +133,11 @@ class LlamaCppRuntime(ModelRuntime):
         self.returns_hidden = hidden_states
         self._hidden_width = self._llama.llama_model_n_embd(weights.handle) if hidden_states else 0
         self._hidden: np.ndarray | None = None
+        forget_log()
         self._context = self._llama.llama_init_from_model(weights.handle, params)
         if not self._context:
-            reason = recent_errors() or "out of memory?"
-            raise OutOfMemoryError(f"llama.cpp could not make a context of {context_length} tokens for {weights.path}: {reason}")
+            reason = failure_reason("the machine is probably out of memory: close other programs, or choose a smaller model")
+            raise OutOfMemoryError(f"llama.cpp could not make a context of {context_length} tokens for {weights.path}: {reason}.")
         self._memory = self._llama.llama_get_memory(self._context)
         self.feature_layers = tuple(feature_layers)
         self._layer_inputs = self._extract_layer_inputs(self.feature_layers)
@@ -307,7 +312,8 @@ class LlamaCppRuntime(ModelRuntime):
 
     def _decode_error(self, status: int) -> Exception:
         self.reset()
-        reason = recent_errors()
         if status == 1:
-            return OutOfMemoryError(f"llama.cpp found no room in its KV cache for {self.weights.path.name}. {reason}".strip())
-        return ModelLoadError(f"llama.cpp failed to run {self.weights.path.name} (llama_decode returned {status}). {reason}".strip())
+            return OutOfMemoryError(
+                f"llama.cpp found no room in its KV cache for {self.weights.path.name}: start a new chat, or choose a smaller model."
+            )
+        return ModelLoadError(f"llama.cpp failed to run {self.weights.path.name} (llama_decode returned {status}); start a new chat and try again.")

@@ -1,5 +1,12 @@
 """llama-cpp-python's low-level API as Tandem uses it: the import, a version check, the
-library's log turned into error messages, and re-quantising a GGUF file.
+library's log kept off the terminal, and re-quantising a GGUF file.
+
+llama.cpp's log lines ("init: embeddings required but some input tokens were not marked as
+outputs -> overriding", "llama_model_load: error loading model: …") are written for its own
+developers, and a warning from one call is still in the log when an unrelated call fails.
+So they go to the Python logger `tandem.llama_cpp` at DEBUG level (`logging.basicConfig(
+level=logging.DEBUG)` shows them) and never into an error message: errors are Tandem's own
+sentences, which a cause the log names (`failure_reason`) may sharpen.
 
 Only this module and `llamacpp.py` import `llama_cpp`. The library compiles from source on
 most machines, so its absence is an ordinary situation: `available()` says whether it is
@@ -11,10 +18,13 @@ import ctypes
 import hashlib
 import importlib.metadata
 import importlib.util
+import logging
 import os
+import re
 import tempfile
 import threading
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import ModelLoadError
@@ -34,10 +44,19 @@ INSTALL_HINT = f"pip install llama-cpp-python=={TESTED_VERSION} (it compiles, ab
 # llama.cpp's file types for `llama_model_quantize`, by Tandem's precision names.
 QUANTISED_FILE_TYPES = {"int8": (7, "Q8_0"), "int8-wo": (7, "Q8_0"), "fp16": (1, "F16"), "bf16": (32, "BF16"), "fp32": (0, "F32")}
 
-_KEPT_LOG_LEVELS = (3, 4)  # ggml's WARN and ERROR; DEBUG, INFO and continuations are dropped
+_KEPT_LOG_LEVELS = (3, 4)  # ggml's WARN and ERROR, the ones `failure_reason` reads
 _recent_log: deque[str] = deque(maxlen=40)
 _log_lock = threading.Lock()
 _log_callback = None  # kept referenced: llama.cpp calls it for as long as the process lives
+debug_log = logging.getLogger("tandem.llama_cpp")
+# Causes llama.cpp names in its log that a user can act on, as Tandem says them.
+_KNOWN_CAUSES = (
+    (re.compile(r"unknown model architecture: '([^']+)'"),
+     lambda match: f"this llama.cpp ({version()}) does not know the model architecture '{match[1]}': "
+                   "update llama-cpp-python, or choose the PyTorch runtime"),
+    (re.compile(r"failed to allocate|unable to allocate|out of memory", re.IGNORECASE),
+     lambda match: "the machine ran out of memory: close other programs, or choose a smaller model"),
+)
 _backend_ready = False
 
 
@@ -106,33 +125,49 @@ def layer_input_functions():
     return setter, getter
 
 
-def recent_errors() -> str:
-    """The library's last warnings and errors, for an error message ('' when there were none)."""
+def forget_log() -> None:
+    """Start a fresh record of warnings and errors, before a call whose failure may be read."""
     with _log_lock:
-        lines = [line.strip() for line in _recent_log if line.strip()]
         _recent_log.clear()
-    return " ".join(lines[-4:])
+
+
+def failure_reason(fallback: str) -> str:
+    """Why the last llama.cpp call failed, in Tandem's words: a cause its log names (since
+    `forget_log`) that a user can act on, else `fallback`. Never llama.cpp's own lines."""
+    with _log_lock:
+        lines = list(_recent_log)
+        _recent_log.clear()
+    for line in reversed(lines):
+        for pattern, sentence in _KNOWN_CAUSES:
+            match = pattern.search(line)
+            if match:
+                return sentence(match)
+    return fallback
 
 
 def _capture_log(llama_cpp) -> None:
-    """Keep llama.cpp's warnings and errors for error messages, instead of the pages of
-    loading details it prints to the terminal by default."""
+    """Send llama.cpp's log to the debug logger instead of the pages of loading details it
+    prints to the terminal by default, and keep its warnings and errors for `failure_reason`."""
     global _log_callback
 
     @llama_cpp.llama_log_callback
     def keep(level, text, user_data):
-        if level not in _KEPT_LOG_LEVELS:
+        if level not in _KEPT_LOG_LEVELS and not debug_log.isEnabledFor(logging.DEBUG):
             return
-        with _log_lock:
-            _recent_log.append(text.decode("utf-8", errors="replace"))
+        line = text.decode("utf-8", errors="replace")
+        debug_log.debug("%s", line.rstrip("\n"))
+        if level in _KEPT_LOG_LEVELS:
+            with _log_lock:
+                _recent_log.append(line)
 
     _log_callback = keep
     llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
 
 
-def quantised_copy(gguf: Path, precision: str) -> Path:
+def quantised_copy(gguf: Path, precision: str, announce: Callable[[str], None] | None = None) -> Path:
     """`gguf` re-quantised to `precision` (int8 = Q8_0, fp16, bf16, fp32), made once into the
-    cache folder (seconds for a small model) and reused after that."""
+    cache folder (seconds for a small model) and reused after that. `announce` hears that a
+    conversion starts, only when one does: a cached copy needs no message."""
     llama_cpp = library()
     file_type, type_name = QUANTISED_FILE_TYPES[precision]
     stat = gguf.stat()
@@ -140,6 +175,8 @@ def quantised_copy(gguf: Path, precision: str) -> Path:
     destination = cache_dir() / "models" / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.{type_name}.gguf"
     if destination.is_file():
         return destination
+    if announce is not None:
+        announce(f"Converting {gguf.name} to {type_name} (first use only)…")
     destination.parent.mkdir(parents=True, exist_ok=True)
     handle, partial = tempfile.mkstemp(prefix=f".{destination.name}.partial-", dir=destination.parent)
     os.close(handle)
@@ -148,9 +185,11 @@ def quantised_copy(gguf: Path, precision: str) -> Path:
         params.ftype = file_type
         params.allow_requantize = True
         params.nthread = os.cpu_count() or 1
+        forget_log()
         failed = llama_cpp.llama_model_quantize(str(gguf).encode(), partial.encode(), ctypes.byref(params))
         if failed:
-            raise ModelLoadError(f"Could not convert {gguf} to {type_name}: {recent_errors() or 'llama.cpp failed'}")
+            reason = failure_reason("llama.cpp could not read it; check that the file is whole, or choose the PyTorch runtime")
+            raise ModelLoadError(f"Could not convert {gguf} to {type_name}: {reason}.")
         os.replace(partial, destination)
     finally:
         if os.path.exists(partial):

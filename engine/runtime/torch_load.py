@@ -6,15 +6,19 @@ classes; the rest of the engine sees a `LoadedModel` and the runtimes it opens.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
+from transformers.utils import logging as transformers_logging
 
 from ..errors import ModelLoadError, OutOfMemoryError
 from .base import ModelRuntime
@@ -48,13 +52,43 @@ def load_torch_weights(folder: Path, device: torch.device, precision: str) -> Pr
         ) from error
 
 
+# Transformers' GGUF reader draws its own tqdm bar ("Converting and de-quantizing GGUF
+# tensors"), which its progress-bar switch does not reach.
+GGUF_READER_MODULE = "transformers.modeling_gguf_pytorch_utils"
+
+
+@contextlib.contextmanager
+def without_progress_bars() -> Iterator[None]:
+    """Transformers' own tqdm bars ("Loading weights", "Writing model shards", the GGUF
+    reader's) off while a model loads: the chat and the app say what they are doing in their
+    own words, and a bar drawn into the terminal chat's screen breaks it. On again after, for
+    scripts that use transformers themselves."""
+    was_enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        gguf_reader = importlib.import_module(GGUF_READER_MODULE)
+    except ImportError:  # a transformers that reads GGUF files elsewhere, or not at all
+        gguf_reader = None
+    gguf_bar = getattr(gguf_reader, "tqdm", None)
+    if gguf_bar is not None:
+        gguf_reader.tqdm = functools.partial(gguf_bar, disable=True)
+    try:
+        yield
+    finally:
+        if gguf_bar is not None:
+            gguf_reader.tqdm = gguf_bar
+        if was_enabled:
+            transformers_logging.enable_progress_bar()
+
+
 def _weights_in_memory(folder: Path, device: torch.device, precision: str) -> PreTrainedModel:
     """The model at `precision`; out-of-memory errors are left to `load_torch_weights`, since
     quantising can run out too (each layer's float and int8 copies live at once)."""
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, device_map={"": str(device)}, **_precision_options(precision)
-        )
+        with without_progress_bars():
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, device_map={"": str(device)}, **_precision_options(precision)
+            )
     except READ_ERRORS as error:
         raise ModelLoadError(f"Could not load the model in {folder}: {error}") from error
     model.eval()
@@ -74,17 +108,18 @@ def _precision_options(precision: str) -> dict[str, Any]:
 
 def convert_gguf(gguf: Path, destination: Path) -> None:
     """Dequantise `gguf` into a safetensors Hugging Face folder at `destination`."""
-    try:
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    except READ_ERRORS as error:
-        raise ModelLoadError(f"Could not read the GGUF file {gguf}: {error}") from error
-    # transformers refuses to save a GGUF-loaded model ("not serializable") because of these
-    # markers; the weights themselves are plain dequantised tensors and save fine.
-    model.hf_quantizer = None
-    del model.config.quantization_config
-    model.save_pretrained(destination)
-    tokenizer.save_pretrained(destination)
+    with without_progress_bars():
+        try:
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        except READ_ERRORS as error:
+            raise ModelLoadError(f"Could not read the GGUF file {gguf}: {error}") from error
+        # transformers refuses to save a GGUF-loaded model ("not serializable") because of these
+        # markers; the weights themselves are plain dequantised tensors and save fine.
+        model.hf_quantizer = None
+        del model.config.quantization_config
+        model.save_pretrained(destination)
+        tokenizer.save_pretrained(destination)
 
 
 def captures_graphs(model: PreTrainedModel, device: torch.device) -> bool:

@@ -29,7 +29,7 @@ import torch
 from ...errors import ModelLoadError, OutOfMemoryError
 from ...runtime.cpu import physical_cores
 from ...runtime.llamacpp import load_weights
-from ...runtime.llamacpp_library import library, recent_errors
+from ...runtime.llamacpp_library import failure_reason, forget_log, library
 from .replies import Job, Reply
 
 SAMPLED_TOP_K = 64
@@ -64,11 +64,12 @@ class LlamaCppBatchWriter:
         params.kv_unified = False
         params.n_threads = params.n_threads_batch = threads or physical_cores()
         params.no_perf = True
-        recent_errors()
+        forget_log()
         self._context = self._llama.llama_init_from_model(self.weights.handle, params)
         if not self._context:
             self.weights.close()
-            raise OutOfMemoryError(f"llama.cpp could not make a context of {slots} × {sequence_tokens} tokens: {recent_errors() or 'out of memory?'}")
+            reason = failure_reason("the machine is probably out of memory: try fewer slots or shorter sequences")
+            raise OutOfMemoryError(f"llama.cpp could not make a context of {slots} × {sequence_tokens} tokens: {reason}.")
         self._memory = self._llama.llama_get_memory(self._context)
         self._batch = self._llama.llama_batch_init(self.batch_tokens, 0, 1)
 
@@ -169,9 +170,9 @@ class LlamaCppBatchWriter:
         batch.n_tokens = len(queued)
         status = self._llama.llama_decode(self._context, batch)
         if status == 1:
-            raise OutOfMemoryError(f"llama.cpp found no room in its KV cache. {recent_errors()}".strip())
+            raise OutOfMemoryError("llama.cpp found no room in its KV cache: try fewer slots or shorter sequences.")
         if status != 0:
-            raise ModelLoadError(f"llama.cpp failed to run {self.weights.path.name} (llama_decode returned {status}). {recent_errors()}".strip())
+            raise ModelLoadError(f"llama.cpp failed to run {self.weights.path.name} (llama_decode returned {status}).")
         return slots
 
     @staticmethod

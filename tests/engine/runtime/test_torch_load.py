@@ -1,0 +1,31 @@
+"""Loading torch models as the chat and the app do: no third-party progress bars on screen."""
+from __future__ import annotations
+
+import pytest
+from transformers.utils import logging as transformers_logging
+
+from engine.config import ModelSpec
+from engine.models import load_model, resolve_source
+from tests.engine.tiny_models import WORDS, tiny_gguf, tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory, make_word_tokenizer):
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tiny_llama(seed=0, vocab_size=64).save_pretrained(folder)
+    make_word_tokenizer(WORDS).save_pretrained(folder)
+    return folder
+
+
+def test_loading_weights_draws_no_progress_bar_and_leaves_bars_on_for_scripts(tiny_folder, capsys):
+    capsys.readouterr()
+    load_model(ModelSpec(str(tiny_folder), precision="fp32", device="cpu"), runtime="torch")
+    assert "Loading weights" not in capsys.readouterr().err
+    assert transformers_logging.is_progress_bar_enabled()
+
+
+def test_converting_a_gguf_for_torch_draws_no_progress_bar(tmp_path, capsys):
+    gguf = tiny_gguf(tiny_llama(seed=2, vocab_size=64), tmp_path / "model")
+    capsys.readouterr()
+    resolve_source(ModelSpec(str(gguf)))
+    assert "it/s]" not in capsys.readouterr().err  # what every tqdm bar ends with
