@@ -4,13 +4,16 @@ Every candidate is an exact method's drafter (`ar` drafts nothing), so whichever
 round, the reply is the target's own. Rounds are timed as they run: a running average of
 seconds per token per candidate, kept across replies and across starts (a small JSON file in
 the cache, per pair and machine). A candidate is tried until it has a few rounds behind it;
-after that the fastest runs, and every EXPLORE_EVERY rounds the runner-up gets one round, so
-a machine that gets busier or a conversation that drafts better is noticed. A round that read
-a prompt says nothing about a method's speed and is not counted.
+after that the fastest runs, and the runner-up gets a round now and then, so a machine that
+gets busier or a conversation that drafts better is noticed. Those exploring rounds are paced
+by time, not by count: they get at most EXPLORE_SHARE of the decoding time, so a runner-up
+that is much slower is checked less often, and a round that costs more (a draft model that
+first catches up on the tokens written since it last ran) counts for what it costs. A round
+that read a prompt says nothing about a method's speed and is not counted.
 
 Where drafting does not pay (a weak draft on a 2-core CPU) the fastest is plain decoding, and
-then `auto` costs at most the rare exploring round: it never makes replies much slower than
-the target alone.
+then `auto` costs at most EXPLORE_SHARE: it never makes replies noticeably slower than the
+target alone.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ if TYPE_CHECKING:
 
 PLAIN = "ar"
 TRIAL_ROUNDS = 6  # rounds each candidate runs before the fastest is trusted
-EXPLORE_EVERY = 32  # then one round in this many goes to the runner-up
+EXPLORE_SHARE = 0.01  # then the runner-up's rounds get at most this share of the decoding time
 SMOOTHING = 0.1  # weight of the newest round in a candidate's average
 SAVE_EVERY = 16  # rounds between writes of the record
 
@@ -39,12 +42,15 @@ SAVE_EVERY = 16  # rounds between writes of the record
 class SpeedRecord:
     """Per candidate: running averages of a round's seconds and tokens (their ratio is its
     throughput; averaging per-round rates would overweight rounds that wrote one token), and
-    how many rounds they rest on."""
+    how many rounds they rest on. Overall: the seconds spent decoding, and how many of them
+    went to exploring a candidate that was not the fastest."""
 
     path: Path | None = None
     round_seconds: dict[str, float] = field(default_factory=dict)
     round_tokens: dict[str, float] = field(default_factory=dict)
     rounds: dict[str, int] = field(default_factory=dict)
+    decoding_seconds: float = 0.0
+    exploring_seconds: float = 0.0
 
     @classmethod
     def load(cls, path: Path) -> SpeedRecord:
@@ -57,6 +63,8 @@ class SpeedRecord:
                 {name: float(value) for name, value in data["round_seconds"].items()},
                 {name: float(value) for name, value in data["round_tokens"].items()},
                 {name: int(value) for name, value in data["rounds"].items()},
+                float(data.get("decoding_seconds", 0.0)),
+                float(data.get("exploring_seconds", 0.0)),
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return cls(path)
@@ -78,9 +86,21 @@ class SpeedRecord:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_suffix(".partial")
-        data = {"round_seconds": self.round_seconds, "round_tokens": self.round_tokens, "rounds": self.rounds}
+        data = {
+            "round_seconds": self.round_seconds, "round_tokens": self.round_tokens, "rounds": self.rounds,
+            "decoding_seconds": self.decoding_seconds, "exploring_seconds": self.exploring_seconds,
+        }
         partial.write_text(json.dumps(data), encoding="utf-8")
         os.replace(partial, self.path)
+
+    def spent(self, seconds: float, exploring: bool) -> None:
+        self.decoding_seconds += seconds
+        if exploring:
+            self.exploring_seconds += seconds
+
+    @property
+    def may_explore(self) -> bool:
+        return self.exploring_seconds < EXPLORE_SHARE * self.decoding_seconds
 
     def ranked(self, names: list[str]) -> list[str]:
         """`names`, fastest first; unmeasured ones last, in their given order."""
@@ -106,7 +126,7 @@ class MethodChooser(Drafter):
         self.record = record
         self.lookahead = max(drafter.lookahead for drafter in candidates.values())
         self.current = PLAIN
-        self._rounds = 0
+        self._exploring = False
 
     @property
     def runtimes(self) -> tuple[ModelRuntime, ...]:
@@ -124,10 +144,11 @@ class MethodChooser(Drafter):
 
     def observe(self, outcome: RoundOutcome) -> None:
         self.candidates[self.current].observe(outcome)
-        self._rounds += 1
+        seconds = outcome.draft_s + outcome.target_s
+        self.record.spent(seconds, self._exploring)
         read_a_prompt = outcome.target_tokens > len(outcome.proposal.tree)
         if outcome.tokens and not read_a_prompt:
-            self.record.add(self.current, outcome.draft_s + outcome.target_s, len(outcome.tokens))
+            self.record.add(self.current, seconds, len(outcome.tokens))
         self.lookahead = max(drafter.lookahead for drafter in self.candidates.values())
 
     def reset(self) -> None:
@@ -147,11 +168,12 @@ class MethodChooser(Drafter):
         return f"auto: {best}, {plain / fastest:.2f}× plain decoding's speed on this machine"
 
     def _choose(self) -> str:
-        names = list(self.candidates)
-        for name in self.record.ranked(names):
+        ranked = self.record.ranked(list(self.candidates))
+        self._exploring = False
+        for name in ranked:
             if self.record.rounds.get(name, 0) < TRIAL_ROUNDS:
                 return name
-        ranked = self.record.ranked(names)
-        if len(ranked) > 1 and self._rounds % EXPLORE_EVERY == EXPLORE_EVERY - 1:
+        if len(ranked) > 1 and self.record.may_explore:
+            self._exploring = True
             return ranked[1]
         return ranked[0]

@@ -9,7 +9,7 @@ import torch
 from engine import methods
 from engine.chat_prompt import Message
 from engine.config import DecodeSettings
-from engine.drafters.auto import EXPLORE_EVERY, TRIAL_ROUNDS, MethodChooser, SpeedRecord
+from engine.drafters.auto import EXPLORE_SHARE, TRIAL_ROUNDS, MethodChooser, SpeedRecord
 from engine.drafters.base import NoDrafter
 from engine.events import Finished
 from engine.config import ModelSpec, PairConfig
@@ -73,25 +73,42 @@ def chooser(record: SpeedRecord) -> MethodChooser:
     return MethodChooser({"ar": NoDrafter(), "tree": NoDrafter(), "eagle": NoDrafter()}, record)
 
 
-def test_auto_tries_every_candidate_then_runs_the_fastest_and_now_and_then_the_runner_up():
-    record = SpeedRecord()
-    auto = chooser(record)
-    tried = []
-    cost = {"ar": 0.010, "tree": 0.008, "eagle": 0.005}  # seconds per token
-    for _ in range(TRIAL_ROUNDS * 3):
-        name = auto._choose()
-        tried.append(name)
-        record.add(name, cost[name] * 2, 2)
-        auto._rounds += 1
-    assert sorted(set(tried)) == ["ar", "eagle", "tree"] and all(tried.count(name) == TRIAL_ROUNDS for name in cost)
+def run_rounds(auto: MethodChooser, rounds: int, seconds_per_token: dict[str, float], tokens: int = 2) -> list[str]:
+    """What `observe` does after each round, with each candidate's cost given."""
     chosen = []
-    for _ in range(EXPLORE_EVERY * 2):
+    for _ in range(rounds):
         name = auto._choose()
         chosen.append(name)
-        record.add(name, cost[name] * 2, 2)
-        auto._rounds += 1
-    assert chosen.count("eagle") == len(chosen) - 2 and chosen.count("tree") == 2  # one exploring round in 32
+        auto.record.spent(seconds_per_token[name] * tokens, auto._exploring)
+        auto.record.add(name, seconds_per_token[name] * tokens, tokens)
+    return chosen
+
+
+def test_auto_tries_every_candidate_then_runs_the_fastest_and_now_and_then_the_runner_up():
+    auto = chooser(SpeedRecord())
+    cost = {"ar": 0.010, "tree": 0.008, "eagle": 0.005}  # seconds per token
+    tried = run_rounds(auto, TRIAL_ROUNDS * 3, cost)
+    assert sorted(set(tried)) == ["ar", "eagle", "tree"] and all(tried.count(name) == TRIAL_ROUNDS for name in cost)
+    chosen = run_rounds(auto, 1000, cost)
+    explored = chosen.count("tree")
+    assert chosen.count("ar") == 0 and explored >= 3
+    assert explored * cost["tree"] <= EXPLORE_SHARE * (explored * cost["tree"] + (1000 - explored) * cost["eagle"]) * 1.5
     assert "eagle, 2.00× plain decoding's speed" in auto.explain()
+
+
+def test_auto_explores_a_much_slower_runner_up_less_often():
+    explored = {}
+    for slowdown in (1.2, 4.0):
+        auto = chooser(SpeedRecord())
+        cost = {"ar": 0.010, "tree": 0.010 * slowdown, "eagle": 0.010 * slowdown * 2}
+        run_rounds(auto, TRIAL_ROUNDS * 3, cost)
+        chosen = run_rounds(auto, 2000, cost)
+        assert chosen.count("eagle") == 0
+        explored[slowdown] = chosen.count("tree")
+    assert explored[4.0] * 2 < explored[1.2]  # about 1/3.3: a round of it costs 3.3 times as much
+    # The time they took stays within the share: plain decoding loses at most about 1%.
+    round_seconds = {"ar": 0.020, "tree": 0.024}  # two tokens a round
+    assert explored[1.2] * round_seconds["tree"] <= EXPLORE_SHARE * 2000 * round_seconds["ar"] * 1.1
 
 
 def test_auto_falls_back_to_plain_decoding_where_drafting_does_not_pay():
@@ -108,9 +125,11 @@ def test_the_speed_record_survives_a_restart_and_a_damaged_one_starts_afresh(tmp
     path = tmp_path / "record.json"
     record = SpeedRecord(path)
     for _ in range(16):
+        record.spent(0.02, exploring=True)
         record.add("tree", 0.02, 3)
     reloaded = SpeedRecord.load(path)
     assert reloaded.rounds["tree"] == 16 and reloaded.seconds_per_token["tree"] == pytest.approx(0.02 / 3)
+    assert reloaded.exploring_seconds == reloaded.decoding_seconds == pytest.approx(0.32)
     path.write_text("{ damaged")
     assert SpeedRecord.load(path).rounds == {}
 
