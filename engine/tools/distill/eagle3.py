@@ -38,7 +38,7 @@ from ...runtime.cpu import fast_bf16
 from ...runtime.eagle3_head import Eagle3Config, Eagle3Head, default_layer_ids
 from ...runtime.reduced_vocabulary import ReducedVocabulary
 from .data import Sequence, shard_paths
-from .train import RECENT_STEPS, _parameter_groups, autocast, batch_indices, learning_rate
+from .train import RECENT_STEPS, _parameter_groups, autocast, batch_indices, learning_rate, read_checkpoint, write_checkpoint
 
 CHECKPOINT_NAME = "eagle3-checkpoint.pt"
 FEATURES_PREFIX = "features-"
@@ -328,11 +328,11 @@ class Eagle3Trainer:
     def resume(self) -> bool:
         if not self.checkpoint_path.is_file():
             return False
+        state = read_checkpoint(self.checkpoint_path, self.device)
         try:
-            state = torch.load(self.checkpoint_path, map_location=self.device, weights_only=True)
             self.head.load_state_dict(state["head"])
             self.optimizer.load_state_dict(state["optimizer"])
-        except (OSError, RuntimeError, EOFError, KeyError, ValueError) as error:
+        except (RuntimeError, KeyError, ValueError) as error:
             raise TandemError(f"Cannot continue from {self.checkpoint_path} ({error}); start a new run.") from error
         self.step, self.initial_heldout, self.recent = state["step"], state["initial_heldout"], state["recent"]
         return True
@@ -340,9 +340,7 @@ class Eagle3Trainer:
     def save_checkpoint(self) -> None:
         state = {"head": self.head.state_dict(), "optimizer": self.optimizer.state_dict(), "step": self.step,
                  "initial_heldout": self.initial_heldout, "recent": self.recent}
-        partial = self.checkpoint_path.with_suffix(".partial")
-        torch.save(state, partial)
-        os.replace(partial, self.checkpoint_path)
+        write_checkpoint(self.checkpoint_path, state)
 
     def run(self, should_stop: Callable[[], bool], on_step: Callable[[int, int, float], None], max_steps: int | None = None) -> dict[str, Any]:
         if not self.initial_heldout:

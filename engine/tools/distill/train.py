@@ -206,10 +206,7 @@ class Trainer:
         """Load the last checkpoint, if there is one."""
         if not self.checkpoint_path.is_file():
             return False
-        try:
-            state = torch.load(self.checkpoint_path, map_location=self.device, weights_only=True)
-        except (OSError, RuntimeError, EOFError) as error:
-            raise TandemError(f"Cannot read the checkpoint {self.checkpoint_path}: {error}") from error
+        state = read_checkpoint(self.checkpoint_path, self.device)
         if state["examples_seen"] != state["step"] * self.settings.batch_size:
             raise TandemError(f"{self.checkpoint_path} was written with another batch size; start a new run.")
         try:
@@ -231,9 +228,7 @@ class Trainer:
             "initial_heldout": self.initial_heldout,
             "recent": self.recent,
         }
-        partial = self.checkpoint_path.with_suffix(".partial")
-        torch.save(state, partial)
-        os.replace(partial, self.checkpoint_path)  # a crash mid-save keeps the previous checkpoint
+        write_checkpoint(self.checkpoint_path, state)
 
     def run(
         self,
@@ -301,3 +296,16 @@ def _now(device: torch.device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
+
+
+def read_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except (OSError, RuntimeError, EOFError) as error:
+        raise TandemError(f"Cannot read the checkpoint {path}: {error}") from error
+
+
+def write_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    partial = path.with_suffix(".partial")
+    torch.save(state, partial)
+    os.replace(partial, path)  # a crash mid-save keeps the previous checkpoint
