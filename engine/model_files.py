@@ -20,6 +20,7 @@ from typing import BinaryIO
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .config import DEMO_TARGET, ModelSpec, PairConfig
+from .demo_model import demo_gguf_path
 from .errors import ModelLoadError
 
 GGUF_MAGIC = b"GGUF"
@@ -64,8 +65,6 @@ def check_model_files(spec: ModelSpec) -> None:
 
 def _local_path(spec: ModelSpec) -> Path | None:
     if spec.source == DEMO_TARGET:
-        from .models import demo_gguf_path  # models imports this module to check what it loads
-
         try:
             return demo_gguf_path()
         except ModelLoadError:

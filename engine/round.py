@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
-from .drafters.base import Drafter, Proposal
+from .drafters.base import Drafter, Proposal, RoundOutcome
 from .events import Provenance
 from .runtime import ModelRuntime
 from .sampling import Sampler
@@ -23,45 +22,6 @@ from .tree import TokenTree, TreeVerdict, forward_tree, keep_path
 # (proposal, the target's logits at nodes proposal.unchecked.. or None without a target
 # call, sampler) -> the accepted path and the target's own next token (None without a call)
 Verifier = Callable[[Proposal, "torch.Tensor | None", Sampler], TreeVerdict]
-
-
-@dataclass(frozen=True)
-class RoundOutcome:
-    context_length: int  # the committed tokens the round started from
-    proposal: Proposal
-    path: list[int]  # accepted tree nodes, from depth 1 down
-    tokens: list[int]  # the accepted draft tokens, then the target's own token (if it ran)
-    provenance: list[Provenance]
-    draft_s: float
-    target_s: float
-    target_tokens: int  # tokens the target's forward ran: what its cache lacked, then the tree
-
-    @property
-    def target_called(self) -> bool:
-        return self.target_tokens > 0
-
-    @property
-    def unchecked(self) -> int:
-        """Tokens that went out without the target checking them (SPRINTER)."""
-        return min(self.proposal.unchecked, len(self.path))
-
-    @property
-    def proposed(self) -> int:
-        """Draft tokens the target could have accepted: the tree's depth past the unchecked ones."""
-        return self.proposal.tree.depth - self.proposal.unchecked if self.target_called else 0
-
-    @property
-    def accepted(self) -> int:
-        return len(self.path) - self.unchecked if self.target_called else 0
-
-    @property
-    def draft_calls(self) -> int:
-        return self.proposal.draft_calls
-
-    @property
-    def tree_nodes(self) -> int:
-        """Drafted nodes the target verified (unchecked ones it never saw are not counted)."""
-        return self.proposal.tree.drafted - self.proposal.unchecked if self.target_called else 0
 
 
 def play_round(

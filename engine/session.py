@@ -25,7 +25,8 @@ from .config import ConfigError, DecodeSettings, PairConfig
 from .detokenize import IncrementalDetokenizer
 from .drafters.auto import SpeedRecord, record_path
 from .drafters.backoff_ngram import TABLE_FILE, BackoffNgram, NgramCounts
-from .drafters.tree_drafter import TreeShape
+from .drafters.base import RoundOutcome
+from .drafters.tree_drafter import TreePolicy, TreeShape
 from .errors import ModelLoadError, OutOfMemoryError
 from .events import Event, Finished, PromptPrepared, PromptProgress, Provenance, StatsUpdate, TextDelta
 from .heads.features import EXTRA_FEATURES
@@ -37,10 +38,10 @@ from .runtime.device import OUT_OF_MEMORY_ERRORS, memory_in_use_mb, release_cach
 from .runtime.cpu import cpu_name, physical_cores
 from .runtime.eagle3 import Eagle3Runtime
 from .runtime.eagle3_head import Eagle3Head
-from .round import RoundOutcome, play_round, time_verify
+from .round import play_round, time_verify
 from .sampling import Sampler
 from .stats import GenerationStats
-from .tree_shape import AutoTreeShape, FixedTreeShape, TreePolicy
+from .tree_shape import AutoTreeShape, FixedTreeShape
 
 ProgressCallback = Callable[[str, "float | None"], None]
 

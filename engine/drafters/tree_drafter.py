@@ -15,7 +15,7 @@ import heapq
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -23,12 +23,8 @@ from ..runtime import ModelRuntime
 from ..sampling import Sampler
 from ..tree import TokenTree
 from .backoff_ngram import BackoffNgram
-from .base import Drafter, Proposal
+from .base import Drafter, Proposal, RoundOutcome
 from .model_drafter import fit_vocab
-
-if TYPE_CHECKING:
-    from ..round import RoundOutcome
-    from ..tree_shape import TreePolicy
 
 BudgetRule = Callable[[list[tuple[int, float]]], int]
 
@@ -59,6 +55,23 @@ class TreeRound:
     verify_seconds: float
     round_seconds: float
     learn_costs: bool = True  # False when the timings include a prefill
+
+
+class TreePolicy(Protocol):
+    """What the tree drafter asks of its shape policy, fixed or automatic (engine/tree_shape.py)."""
+
+    @property
+    def calibrated(self) -> bool: ...
+
+    def calibrate(self, measure: Callable[[int], float]) -> None: ...
+
+    def speculate(self) -> bool: ...
+
+    def shape(self) -> TreeShape: ...
+
+    def choose_budget(self, candidates: list[tuple[int, float]]) -> int: ...
+
+    def record(self, observed: TreeRound) -> None: ...
 
 
 @dataclass

@@ -5,7 +5,6 @@ processes) hits all of them alike, and every ratio compares numbers taken in the
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import threading
@@ -23,7 +22,6 @@ from ..chat_prompt import Message, build_prompt
 from .. import methods
 from ..config import DEMO_TARGET, ConfigError, DecodeSettings
 from ..events import Finished
-from ..prompts import CHAT_PROMPTS, read_prompts
 from .quality import rouge_l_f1, target_nll
 from ..runtime import llamacpp_library
 from ..runtime.cpu import cpu_flags, cpu_name
@@ -251,7 +249,7 @@ class Bench:
         return finished.token_ids, seconds, finished.stats
 
 def _target_gguf(pair: LoadedPair) -> Path | None:
-    from ..models import demo_gguf_path
+    from ..demo_model import demo_gguf_path
 
     source = pair.config.target.source
     if source == DEMO_TARGET:

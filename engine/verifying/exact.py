@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..config import VERIFIERS as CHAIN_RULES
 from ..sampling import Sampler
 from ..tree import TokenTree, TreeVerdict
 
@@ -26,12 +25,13 @@ if TYPE_CHECKING:
     from ..drafters.base import Proposal
     from ..round import Verifier
 
+
 def exact_verifier(rule: str = "block") -> Verifier:
     """The exact verifier; `rule` is how a sampled chain is checked: "block" (Sun et al.;
     never accepts fewer tokens than "token") or "token" (speculative sampling)."""
-    if rule not in CHAIN_RULES:
+    chain_rule = {"block": verify_block, "token": verify_token_level}.get(rule)
+    if chain_rule is None:  # the settings name these rules too (config.VERIFIERS); a test keeps them in step
         raise ValueError(f"unknown chain rule {rule!r}")
-    chain_rule = verify_block if rule == "block" else verify_token_level
 
     def verify(proposal: Proposal, target_logits: torch.Tensor, sampler: Sampler) -> TreeVerdict:
         tree = proposal.tree

@@ -146,3 +146,13 @@ def test_the_bench_default_is_the_method_the_app_would_use(make_word_tokenizer):
     assert parse_methods("ar,default", ALL_METHODS + (DEFAULT_ALIAS,)) == ["ar", "default"]
     assert resolve_default(["ar", "default"], pair) == ["ar", methods.default_method(pair.methods)] == ["ar", "auto"]
     assert resolve_default(["auto", "default"], pair) == ["auto"]
+
+
+def test_every_verifier_the_settings_accept_is_a_rule_the_exact_verifier_knows():
+    from engine.config import VERIFIERS
+    from engine.verifying.exact import exact_verifier
+
+    for rule in VERIFIERS:
+        assert callable(exact_verifier(rule))
+    with pytest.raises(ValueError, match="unknown chain rule"):
+        exact_verifier("sprinter")

@@ -27,7 +27,6 @@ from ...errors import TandemError
 from ...prompts import DISTILL_PROMPTS, read_prompts
 from ...events import Finished
 from ...runtime import ModelRuntime
-from ...sampling import Sampler
 from ...heads.features import head_features
 from ...heads.store import MODES, DraftHeads, save_heads, user_heads_folder
 from .train import Examples, train_acceptance_head, train_sprinter
