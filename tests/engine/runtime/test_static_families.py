@@ -20,6 +20,7 @@ from engine.chat_prompt import Message
 from engine.config import DecodeSettings
 from engine.runtime.static_families import static_refusal
 from engine.runtime.torch_eager import TorchRuntime
+from engine.runtime.torch_load import torch_runtime_factory, torch_runtime_name
 from engine.runtime.torch_static import BUCKETS, StaticTorchRuntime
 from engine.tree import TokenTree, forward_tree, keep_path
 
@@ -187,17 +188,21 @@ def tiny_gpt2() -> GPT2LMHeadModel:
     ("make_model", "reason"),
     [(longrope_phi3, "'longrope' rotary embedding switches frequencies by the longest position"), (tiny_gpt2, "no static-cache recipe for 'gpt2'")],
 )
-def test_a_model_the_static_runtime_cannot_run_exactly_says_why(make_model, reason):
+def test_a_model_the_static_runtime_cannot_run_exactly_says_why_and_runs_eagerly(make_model, reason):
     model = make_model()
     assert reason in static_refusal(model)
     with pytest.raises(ValueError, match="cannot run this model"):
         static(model)
+    cuda = torch.device("cuda")  # neither call touches the GPU: they only choose
+    assert torch_runtime_name(model, cuda) == f"torch (no CUDA graphs: {static_refusal(model)})"
+    assert isinstance(torch_runtime_factory(model, cuda, context_length=64)(False), TorchRuntime)
 
 
 def test_every_new_family_runs_static():
     for family in FAMILIES:
         model = tiny(family)
         assert static_refusal(model) is None, family
+        assert torch_runtime_name(model, torch.device("cuda")) == "torch + CUDA graphs"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
