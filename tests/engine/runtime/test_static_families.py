@@ -18,6 +18,7 @@ from transformers import (
 
 from engine.chat_prompt import Message
 from engine.config import DecodeSettings
+from engine.runtime.int8_weights import quantise_weight_only
 from engine.runtime.static_families import static_refusal
 from engine.runtime.torch_eager import TorchRuntime
 from engine.runtime.torch_load import torch_runtime_factory, torch_runtime_name
@@ -168,6 +169,16 @@ def test_greedy_chain_and_tree_equal_plain_decoding_across_the_window(make_word_
             assert events[-1].stats.target_calls < len(replies[method])  # drafts were accepted
     assert len(replies["ar"]) == 40
     assert replies["chain"] == replies["tree"] == replies["ar"]
+
+
+def test_weight_only_int8_keeps_gemmas_embedding_scale():
+    model = tiny("gemma3")
+    ids = [5, 9, 11, 40, 2, 7, 33]
+    reference = eager_logits(model, ids, len(ids))
+    quantise_weight_only(model)
+    quantised = eager_logits(model, ids, len(ids))
+    assert (quantised - reference).abs().max() <= 0.05 * reference.abs().max()  # rounded, not rescaled
+    assert_same(static(model).forward(ids, logits_wanted=len(ids)), quantised)
 
 
 def longrope_phi3() -> Phi3ForCausalLM:
