@@ -56,10 +56,15 @@ class Int8Embedding(nn.Module):
         self.register_buffer("scale", scale)
         self.padding_idx = embedding.padding_idx
         self.output_dtype = embedding.weight.dtype  # the compute dtype of the layers it feeds
+        # Gemma's embedding module multiplies its rows by sqrt(hidden size), rounded to the
+        # weights' dtype as it does; the quantised table keeps that factor.
+        embed_scale = getattr(embedding, "embed_scale", None)
+        self.register_buffer("embed_scale", None if embed_scale is None else embed_scale.to(self.output_dtype), persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = F.embedding(ids, self.weight).float() * self.scale[ids, None]  # (..., H) float32
-        return rows.to(self.output_dtype)
+        rows = rows.to(self.output_dtype)
+        return rows if self.embed_scale is None else rows * self.embed_scale
 
 
 def quantise_weight_only(model: nn.Module) -> nn.Module:

@@ -23,6 +23,7 @@ from transformers.utils import logging as transformers_logging
 from ..errors import ModelLoadError, OutOfMemoryError
 from .base import ModelRuntime
 from .int8_weights import quantise_weight_only
+from .static_families import static_refusal
 from .torch_eager import TorchRuntime
 from .torch_static import StaticTorchRuntime, runs_static
 
@@ -122,15 +123,23 @@ def convert_gguf(gguf: Path, destination: Path) -> None:
         tokenizer.save_pretrained(destination)
 
 
-def captures_graphs(model: PreTrainedModel, device: torch.device) -> bool:
+def wants_graphs(device: torch.device) -> bool:
     """On CUDA, torch models run as captured graphs over a static cache wherever they can:
     an eager forward there costs 25-30 ms of launches whatever its size. TANDEM_CUDA_GRAPHS=0
     keeps the eager runtime (to compare the two)."""
-    return device.type == "cuda" and runs_static(model) and os.environ.get("TANDEM_CUDA_GRAPHS", "1") != "0"
+    return device.type == "cuda" and os.environ.get("TANDEM_CUDA_GRAPHS", "1") != "0"
+
+
+def captures_graphs(model: PreTrainedModel, device: torch.device) -> bool:
+    return wants_graphs(device) and runs_static(model)
 
 
 def torch_runtime_name(model: PreTrainedModel, device: torch.device) -> str:
-    return "torch + CUDA graphs" if captures_graphs(model, device) else "torch"
+    """What the user is shown: where graphs were wanted but the model cannot have them, why."""
+    if not wants_graphs(device):
+        return "torch"
+    refusal = static_refusal(model)
+    return "torch + CUDA graphs" if refusal is None else f"torch (no CUDA graphs: {refusal})"
 
 
 def torch_runtime_factory(

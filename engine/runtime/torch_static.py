@@ -18,7 +18,11 @@ wider ones when a conversation first grows into them.
 
 The model's own modules (embeddings, norms, projections, MLPs, rotary embedding) do the
 arithmetic; only attention and the cache are ours, because transformers' StaticCache writes
-at an internal counter rather than at given positions (which a tree needs).
+at an internal counter rather than at given positions (which a tree needs). What differs
+between the families it runs (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 and 3) is a
+recipe in static_families.py. The cache keeps every position, sliding-window layers too:
+their mask hides what lies more than a window behind each token, so trees are compacted by
+slot as in any other model.
 """
 from __future__ import annotations
 
@@ -26,26 +30,14 @@ import warnings
 
 import torch
 import torch.nn.functional as F
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from .base import ModelRuntime
-from .torch_eager import keeps_every_position
+from .static_families import recipe_for, rotary_function, static_refusal
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 SCRATCH_ROWS = BUCKETS[-1]  # cache rows 0..63 take padding tokens; slot s lives in row 64 + s
 SMALLEST_WINDOW = 256
 WARM_WINDOWS = 1024  # key windows up to this wide are captured while the pair loads
-# Families whose decoder layer is Llama's (norm, q/k/v/o projections, norm, MLP); the
-# projections may carry biases (Qwen2). Sliding-window models are excluded by
-# `keeps_every_position`.
-LLAMA_LAYOUT_TYPES = {"llama", "mistral", "qwen2"}
-# Rotary embeddings whose frequencies are fixed once the model is built. "dynamic" ones
-# recompute them from each call's longest position with a Python branch on a tensor, which a
-# graph cannot capture (a capture would freeze one branch); "longrope" switches them by each
-# call's longest position too, so a prompt run in 64-token chunks would not get the eager
-# frequencies. Unknown types stay eager to be safe.
-FIXED_ROPE_TYPES = {"default", "linear", "llama3", "yarn"}
-
 # A captured forward: its graph and the static outputs each replay rewrites, (bucket, V)
 # logits, the (bucket, D) final-norm hidden states they came from, and the (bucket, F)
 # inputs of the feature layers (F = 0 without any).
@@ -54,35 +46,17 @@ Captured = tuple[torch.cuda.CUDAGraph, Outputs]
 
 
 def runs_static(model: torch.nn.Module) -> bool:
-    """Whether this runtime can run `model`: a Llama-layout decoder whose layers are plain
-    modules (bitsandbytes' int8 layers cannot be captured and stay on the eager runtime) and
-    whose rotary embedding has fixed frequencies."""
-    config = model.config
-    if config.model_type not in LLAMA_LAYOUT_TYPES or not keeps_every_position(model):
-        return False
-    if getattr(model, "is_loaded_in_8bit", False) or getattr(model, "is_loaded_in_4bit", False):
-        return False
-    decoder = getattr(model, "model", None)
-    layers = getattr(decoder, "layers", None)
-    if not layers or any(hasattr(layer.self_attn, "q_norm") for layer in layers):
-        return False
-    return _rope_is_fixed(getattr(decoder, "rotary_emb", None))
-
-
-def _rope_is_fixed(rotary_embedding: torch.nn.Module | None) -> bool:
-    if rotary_embedding is None:
-        return False
-    rope_type = getattr(rotary_embedding, "rope_type", None)
-    # transformers keeps one type per layer kind ({"full_attention": ...}) for some families.
-    types = rope_type.values() if isinstance(rope_type, dict) else [rope_type]
-    return all(kind in FIXED_ROPE_TYPES for kind in types)
+    """Whether this runtime can run `model` exactly (`static_refusal` says why not)."""
+    return static_refusal(model) is None
 
 
 class StaticCacheForward:
-    """One forward of a Llama-layout model over a preallocated KV cache of `rows` rows."""
+    """One forward of a decoder over a preallocated KV cache of `rows` rows, in the way its
+    family's recipe says (static_families.py); ValueError for a model it cannot run."""
 
     def __init__(self, model: torch.nn.Module, rows: int, device: torch.device, feature_layers: tuple[int, ...] = ()):
         self.model = model
+        self.recipe = recipe_for(model)
         self.rows = rows
         self.feature_layers = tuple(feature_layers)
         config = model.config
@@ -90,12 +64,20 @@ class StaticCacheForward:
         dtype = model.dtype  # the compute dtype (an int8 weight-only model computes in bf16)
         kv_heads = config.num_key_value_heads
         self.query_groups = config.num_attention_heads // kv_heads  # query heads per key/value head
+        self.rotate = rotary_function(model)
+        self.sliding_windows = self.recipe.layer_windows(config)  # per layer; None: it sees every position
+        # The rotary embedding each layer reads: by layer type (Gemma 3), else the one under None.
+        self.rotary_kinds = list(config.layer_types) if self.recipe.rotary_by_layer_type else [None] * len(model.model.layers)
+        self.attention_cap = config.attn_logit_softcapping if self.recipe.caps_attention_logits else None
+        self.logit_cap = config.final_logit_softcapping if self.recipe.caps_final_logits else None
         shape = (1, kv_heads, rows, attention.head_dim)
         with torch.inference_mode():
             self.cache = [
                 (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
                 for _ in model.model.layers
             ]
+            # The position of the token in each row, which sliding windows are measured in.
+            self.row_positions = torch.zeros(rows, dtype=torch.long, device=device) if any(self.sliding_windows) else None
 
     @property
     def cache_bytes(self) -> int:
@@ -111,34 +93,78 @@ class StaticCacheForward:
         decoder = self.model.model
         count, window = visible.shape
         hidden = decoder.embed_tokens(ids[None])  # (1, n, H)
-        cos, sin = decoder.rotary_emb(hidden, positions[None])
-        mask = _grouped_mask(visible, self.query_groups, hidden.dtype)  # (1, 1, groups * n, window)
+        rotations = self._rotations(hidden, positions)
+        masks = self._masks(visible, positions, rows, hidden.dtype)
         captured = []  # the residual stream entering each feature layer
         for index, (layer, (keys, values)) in enumerate(zip(decoder.layers, self.cache)):
             if index in self.feature_layers:
                 captured.append(hidden[0])
             attention = layer.self_attn
-            x = layer.input_layernorm(hidden)
-            heads = (1, count, -1, attention.head_dim)
-            query = attention.q_proj(x).view(heads).transpose(1, 2)
-            key = attention.k_proj(x).view(heads).transpose(1, 2)
-            value = attention.v_proj(x).view(heads).transpose(1, 2)
-            query, key = apply_rotary_pos_emb(query, key, cos, sin)
+            query, key, value = self._project(attention, layer.input_layernorm(hidden))  # (1, heads or kv_heads, n, d)
+            query, key = self.rotate(query, key, *rotations[self.rotary_kinds[index]])
             keys.index_copy_(2, rows, key)
             values.index_copy_(2, rows, value)
-            attended = _attend(query, keys[:, :, :window], values[:, :, :window], mask, attention.scaling)
-            hidden = hidden + attention.o_proj(attended.transpose(1, 2).reshape(1, count, -1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            mask = masks[self.sliding_windows[index]]
+            attended = _attend(query, keys[:, :, :window], values[:, :, :window], mask, attention.scaling, self.attention_cap)
+            attended = attention.o_proj(attended.transpose(1, 2).reshape(1, count, -1))
+            if self.recipe.sandwich_norms:
+                hidden = hidden + layer.post_attention_layernorm(attended)
+                hidden = hidden + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(hidden)))
+            else:
+                hidden = hidden + attended
+                hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         final = decoder.norm(hidden)[0]  # (n, D)
         in_order = sorted(self.feature_layers)  # the order the loop met them
         features = torch.cat([captured[in_order.index(layer)] for layer in self.feature_layers], dim=-1) if captured else final[:, :0]
-        return self.model.lm_head(final), final, features
+        logits = self.model.lm_head(final)  # (n, V)
+        if self.logit_cap is not None:
+            logits = torch.tanh(logits / self.logit_cap) * self.logit_cap
+        return logits, final, features
+
+    def _project(self, attention: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The queries, keys and values of the normed input `x` (1, n, H), each (1, heads, n, d)."""
+        count, head_dim, config = x.shape[1], attention.head_dim, self.model.config
+        if self.recipe.fused_qkv:
+            widths = [config.num_attention_heads * head_dim] + [config.num_key_value_heads * head_dim] * 2
+            query, key, value = attention.qkv_proj(x).split(widths, dim=-1)
+        else:
+            query, key, value = attention.q_proj(x), attention.k_proj(x), attention.v_proj(x)
+        heads = (1, count, -1, head_dim)
+        query, key, value = query.view(heads), key.view(heads), value.view(heads)  # (1, n, heads, d)
+        if self.recipe.qk_norm:
+            query, key = attention.q_norm(query), attention.k_norm(key)
+        return query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+
+    def _rotations(self, hidden: torch.Tensor, positions: torch.Tensor) -> dict[str | None, tuple[torch.Tensor, torch.Tensor]]:
+        """(cos, sin) by layer type (Gemma 3's local layers have their own base), else under None."""
+        rotary = self.model.model.rotary_emb
+        if not self.recipe.rotary_by_layer_type:
+            return {None: rotary(hidden, positions[None])}
+        return {kind: rotary(hidden, positions[None], kind) for kind in set(self.rotary_kinds)}
+
+    def _masks(
+        self, visible: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, dtype: torch.dtype
+    ) -> dict[int | None, torch.Tensor]:
+        """`_attend`'s mask by sliding window (None: the layers that see every position). A
+        sliding layer's token sees the rows it sees anyway whose position is less than a
+        window behind its own, the rule transformers' sliding masks follow."""
+        masks = {None: _grouped_mask(visible, self.query_groups, dtype)}
+        if self.row_positions is None:
+            return masks
+        self.row_positions.index_copy_(0, rows, positions)
+        row_positions = self.row_positions[: visible.shape[1]]  # (window,)
+        for size in {size for size in self.sliding_windows if size is not None}:
+            recent = row_positions[None, :] > positions[:, None] - size  # (n, window)
+            masks[size] = _grouped_mask(visible & recent, self.query_groups, dtype)
+        return masks
 
     def move(self, source: torch.Tensor, destination: torch.Tensor) -> None:
         for keys, values in self.cache:
             # The right-hand side is gathered before the write, so overlaps are safe.
             keys[:, :, destination] = keys[:, :, source]
             values[:, :, destination] = values[:, :, source]
+        if self.row_positions is not None:
+            self.row_positions[destination] = self.row_positions[source]
 
 
 def _grouped_mask(visible: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
@@ -149,17 +175,24 @@ def _grouped_mask(visible: torch.Tensor, groups: int, dtype: torch.dtype) -> tor
     return additive.repeat(groups, 1)[None, None]  # (1, 1, groups * n, window)
 
 
-def _attend(query, keys, values, mask, scale):
+def _attend(query, keys, values, mask, scale, cap=None):
     """query (1, heads, n, d) over keys and values (1, kv_heads, window, d): (1, heads, n, d).
 
     Query head h reads key/value head h // groups (transformers' `repeat_kv`). Each group's
     query heads are folded into the query length, one (groups * n)-row block per key/value
     head: no copy of the cache per group, and no `enable_gqa`, which with a mask sends CUDA
-    to the slow math kernel rather than the memory-efficient one."""
+    to the slow math kernel rather than the memory-efficient one. With a soft cap (Gemma 2)
+    the scores become cap * tanh(scores / cap) before the mask, which SDPA cannot do, so
+    that attention is spelled out as transformers' eager attention computes it."""
     _, heads, count, dim = query.shape
     kv_heads = keys.shape[1]
     folded = query.reshape(1, kv_heads, heads // kv_heads * count, dim)  # (1, kv_heads, groups * n, d)
-    attended = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask, scale=scale)
+    if cap is None:
+        attended = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask, scale=scale)
+    else:
+        scores = folded @ keys.transpose(2, 3) * scale  # (1, kv_heads, groups * n, window)
+        scores = torch.tanh(scores / cap) * cap + mask
+        attended = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype) @ values
     return attended.view(1, heads, count, dim)
 
 
