@@ -302,6 +302,11 @@ class EngineClient(QObject):
         return self.active_request is not None
 
     @property
+    def thread_finished(self) -> bool:
+        """Whether the engine thread has ended (it does in `shutdown`)."""
+        return self._thread.isFinished()
+
+    @property
     def can_generate(self) -> bool:
         return (self.pair is not None and self.loading is None and not self.generating and not self.calibrating
                 and not self._closed)

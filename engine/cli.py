@@ -98,6 +98,20 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--profile", type=int, metavar="N", default=0, help="also print the N functions that took the most time")
     bench.set_defaults(run=_run_bench)
 
+    soak = commands.add_parser(
+        "soak", help="send many replies through the desktop app's engine thread and chat store, switching methods "
+        "and pairs and stopping some; check that memory stays flat, no thread is left and every reply is saved",
+    )
+    _add_pair_arguments(soak)
+    soak.add_argument("--replies", type=int, default=200, help="replies to send (default: 200)")
+    soak.add_argument("--max-new-tokens", "--max-tokens", type=int, default=64, help="longest reply (default: 64)")
+    soak.add_argument(
+        "--warmup", type=int, default=20,
+        help="replies after which resident memory must stay within 5%% of its warm-up peak (default: 20)",
+    )
+    soak.add_argument("--json", type=Path, dest="json_out", help="write the figures here")
+    soak.set_defaults(run=_run_soak)
+
     add_distill_command(commands)
     add_ngram_table_command(commands)
     add_export_gguf_command(commands)
@@ -265,3 +279,10 @@ def _run_bench(args: argparse.Namespace) -> int:
         args.json_out.write_text(json.dumps(report, indent=2), encoding="utf-8")
         print(f"report written to {args.json_out}", file=sys.stderr)
     return 0
+
+
+def _run_soak(args: argparse.Namespace) -> int:
+    # The soak drives the app's worker thread and chat store, so it needs Qt: loaded only here,
+    # as for the desktop app.
+    app_soak = importlib.import_module("app.soak")
+    return app_soak.command(_pair_from_args(args), args.replies, args.max_new_tokens, args.warmup, args.json_out)

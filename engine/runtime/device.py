@@ -2,6 +2,9 @@
 modules that asks torch about CUDA."""
 from __future__ import annotations
 
+import ctypes
+import gc
+
 import psutil
 import torch
 
@@ -28,9 +31,22 @@ def memory_in_use_mb(device: torch.device) -> float:
 
 
 def release_cached_memory() -> None:
-    """Give memory the GPU allocator keeps for reuse back to the device (after a pair closes)."""
+    """After a pair closes: give what the GPU allocator keeps for reuse back to the device, and
+    the C heap's free pages back to the system. glibc keeps freed blocks in its arenas, so
+    without the trim an unloaded pair's memory stays in the process and each switch of pairs
+    adds to it (`tandem soak` measured +17% over 20 switches)."""
+    gc.collect()  # tensors held only by reference cycles are freed now, before the trim
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+    _trim_c_heap()
+
+
+def _trim_c_heap() -> None:
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return  # not glibc (macOS, Windows, musl): their allocators return memory on their own
+    malloc_trim(0)
 
 
 def device_name(device: torch.device) -> str | None:
