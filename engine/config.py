@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from . import methods
+from .errors import ConfigError  # callers name it beside the settings it refuses
 
 # int8: bitsandbytes' LLM.int8 (torch), Q8_0 (llama.cpp). int8-wo: weight-only int8 with a
 # scale per output channel, plain tensor ops that CUDA graphs capture (engine/runtime/int8_weights.py).
@@ -46,10 +47,6 @@ LLAMACPP_TARGET_PRECISION = "int8"
 # speculative decoding stays exact at any temperature: the output follows the target's own
 # distribution. Greedy (0) stays one click away; `tandem bench` measures at 0.
 CHAT_DEFAULT_TEMPERATURE = 0.7
-
-
-class ConfigError(ValueError):
-    """A setting or pair description that cannot be used; the message says which and why."""
 
 
 @dataclass(frozen=True)

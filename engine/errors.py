@@ -2,6 +2,10 @@
 the app: it says what went wrong and, where there is one, what to do about it."""
 
 
+class ConfigError(ValueError):
+    """A setting or pair description that cannot be used; the message says which and why."""
+
+
 class TandemError(Exception):
     """Base of every error the engine raises on purpose."""
 

@@ -11,19 +11,53 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .config import DecodeSettings
     from .drafters.base import Drafter
     from .round import Verifier
-    from .session import LoadedPair
 
 # What a method's drafting needs of a pair, beyond a target.
 DRAFT_MODEL = "a draft model"
 TREES = "token trees"  # both runtimes run branches (no sliding-window attention)
 HEADS = "calibrated heads"  # SPRINTER's verifier and SpecDec++'s acceptance head on the draft
 EAGLE_HEAD = "an EAGLE-3 head"  # a head that drafts from the target's own features
+
+
+# What the builders below read of a loaded pair and of the decoding settings. They are
+# described here rather than imported, so the table sits below the session and the config
+# that read it (engine/session.py's LoadedPair and engine/config.py's DecodeSettings fit them).
+
+
+class NgramLimits(Protocol):
+    max_ngram: int
+    min_ngram: int
+
+
+class PairConfigParts(Protocol):
+    ngram: NgramLimits
+
+
+class DraftSettings(Protocol):
+    verifier: str
+    draft_tokens: int
+    adaptive_max_tokens: int
+    adaptive_stop_threshold: float
+    sprinter_max_unchecked: int
+
+
+class PairParts(Protocol):
+    config: PairConfigParts
+    vocab_size: int
+    draft_runner: Any  # a runtime.base.ModelRunner, or None for a target-only pair
+    eagle_runner: Any
+    ngram_model: Any
+    heads: Any
+    speed_record: Any
+    methods: tuple[str, ...]
+
+    def tree_policy(self, settings: DraftSettings, method_name: str) -> Any: ...
+
 
 # Which setting shapes a method's rounds, for the app's knobs and the reply line.
 KNOB_NONE, KNOB_DRAFT_TOKENS, KNOB_TREE_SHAPE, KNOB_ADAPTIVE, KNOB_UNCHECKED = (
@@ -36,13 +70,13 @@ class Method:
     name: str
     title: str  # what menus call it
     summary: str  # one line: what a round does
-    drafter: Callable[[LoadedPair, DecodeSettings], Drafter]
+    drafter: Callable[[PairParts, DraftSettings], Drafter]
     exact: bool = True  # replies follow the target's own distribution (token for token when greedy)
     needs: tuple[str, ...] = ()
     knob: str = KNOB_NONE
     approximate_verifier: bool = False  # SPRINTER's gate in place of exact verification
 
-    def verifier(self, settings: DecodeSettings) -> Verifier:
+    def verifier(self, settings: DraftSettings) -> Verifier:
         from .verifying.exact import exact_verifier
 
         exact = exact_verifier(settings.verifier)
@@ -60,13 +94,13 @@ class Method:
 # The drafters, built per reply from the pair's loaded parts.
 
 
-def _nothing(pair: LoadedPair, settings: DecodeSettings) -> Drafter:
+def _nothing(pair: PairParts, settings: DraftSettings) -> Drafter:
     from .drafters.base import NoDrafter
 
     return NoDrafter()
 
 
-def _chain(pair: LoadedPair, settings: DecodeSettings) -> Drafter:
+def _chain(pair: PairParts, settings: DraftSettings) -> Drafter:
     """The draft model's chain; prompt lookup for a pair without a draft model."""
     if pair.draft_runner is None:
         from .drafters.ngram import NgramDrafter
@@ -77,14 +111,14 @@ def _chain(pair: LoadedPair, settings: DecodeSettings) -> Drafter:
     return ModelDrafter(pair.draft_runner, pair.vocab_size, settings.draft_tokens)
 
 
-def _backoff_ngram(pair: LoadedPair, settings: DecodeSettings) -> Drafter:
+def _backoff_ngram(pair: PairParts, settings: DraftSettings) -> Drafter:
     from .drafters.backoff_ngram import BackoffNgramDrafter
 
     return BackoffNgramDrafter(pair.ngram_model, settings.draft_tokens)
 
 
-def _tree(name: str, second_stage: bool) -> Callable[[LoadedPair, DecodeSettings], Drafter]:
-    def build(pair: LoadedPair, settings: DecodeSettings) -> Drafter:
+def _tree(name: str, second_stage: bool) -> Callable[[PairParts, DraftSettings], Drafter]:
+    def build(pair: PairParts, settings: DraftSettings) -> Drafter:
         from .drafters.tree_drafter import TreeDrafter
 
         policy = pair.tree_policy(settings, name)
@@ -93,13 +127,13 @@ def _tree(name: str, second_stage: bool) -> Callable[[LoadedPair, DecodeSettings
     return build
 
 
-def _eagle_chain(pair: LoadedPair, settings: DecodeSettings) -> Drafter:
+def _eagle_chain(pair: PairParts, settings: DraftSettings) -> Drafter:
     from .drafters.model_drafter import ModelDrafter
 
     return ModelDrafter(pair.eagle_runner, pair.vocab_size, settings.draft_tokens)
 
 
-def _eagle_tree(pair: LoadedPair, settings: DecodeSettings) -> Drafter:
+def _eagle_tree(pair: PairParts, settings: DraftSettings) -> Drafter:
     """EAGLE-2's dynamic tree: the tree drafter's best-first growth by cumulative draft
     log-probability, over the head."""
     from .drafters.tree_drafter import TreeDrafter
@@ -107,7 +141,7 @@ def _eagle_tree(pair: LoadedPair, settings: DecodeSettings) -> Drafter:
     return TreeDrafter(pair.eagle_runner, pair.vocab_size, pair.tree_policy(settings, "eagle-tree"))
 
 
-def _auto(pair: LoadedPair, settings: DecodeSettings) -> Drafter:
+def _auto(pair: PairParts, settings: DraftSettings) -> Drafter:
     """The fastest of plain decoding and the pair's cheap exact drafters, as measured here."""
     from .drafters.auto import MethodChooser
 
@@ -118,7 +152,7 @@ def _auto(pair: LoadedPair, settings: DecodeSettings) -> Drafter:
     return MethodChooser(candidates, pair.speed_record)
 
 
-def _adaptive(pair: LoadedPair, settings: DecodeSettings) -> Drafter:
+def _adaptive(pair: PairParts, settings: DraftSettings) -> Drafter:
     from .drafters.adaptive import AdaptiveLength
     from .drafters.model_drafter import ModelDrafter
 
@@ -128,7 +162,7 @@ def _adaptive(pair: LoadedPair, settings: DecodeSettings) -> Drafter:
     )
 
 
-def _sprinter(pair: LoadedPair, settings: DecodeSettings) -> Drafter:
+def _sprinter(pair: PairParts, settings: DraftSettings) -> Drafter:
     from .drafters.model_drafter import ModelDrafter
     from .verifying.sprinter import SprinterGate
 
@@ -226,7 +260,7 @@ def default_method(offered: tuple[str, ...] | list[str]) -> str:
 
 
 def offered_by(pair: Any) -> tuple[str, ...]:
-    """The methods `pair` (a LoadedPair, or anything with `has_draft_model`, `supports_trees`
+    """The methods `pair` (a PairParts, or anything with `has_draft_model`, `supports_trees`
     and `has_heads`) can decode with."""
     return tuple(row.name for row in TABLE if not missing_needs(row, pair))
 

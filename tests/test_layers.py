@@ -5,7 +5,10 @@
   (engine/tools/, which train and export models) import transformers' model classes;
 - only the runtimes and the tools ask torch about CUDA;
 - the core never imports the offline tools (engine/tools/): they stand above it, and only
-  the console command (engine/cli.py), which stands above both, registers them.
+  the console command (engine/cli.py), which stands above both, registers them;
+- the runtimes and the method table stand below the pair descriptions, the loading and the
+  session that use them: they never import engine.config, engine.models or engine.session,
+  not even for type hints (they describe what they read as Protocols).
 """
 from __future__ import annotations
 
@@ -75,6 +78,18 @@ def test_the_core_never_imports_the_offline_tools():
     def breaks(path, module, names):
         above = in_folder(path, "engine/tools") or path == ROOT / "engine" / "cli.py"
         return not above and (module.startswith("engine.tools") or (module == "engine" and "tools" in names))
+
+    assert violations(breaks) == []
+
+
+HIGHER_FLOORS = ("engine.config", "engine.models", "engine.session", "engine.model_files", "engine.pairs")
+
+
+def test_the_runtimes_and_the_method_table_import_nothing_above_them():
+    def breaks(path, module, names):
+        below = in_folder(path, "engine/runtime") or path == ROOT / "engine" / "methods.py"
+        named = [module] + [f"{module}.{name}" for name in names]
+        return below and any(name in HIGHER_FLOORS for name in named)
 
     assert violations(breaks) == []
 

@@ -7,16 +7,32 @@ from __future__ import annotations
 from contextlib import contextmanager
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
-from ..config import ConfigError, DecodeSettings
+from ..errors import ConfigError
 from .cpu import repacking_crashes
 from .reduced_vocabulary import full_vocabulary_view
 
-if TYPE_CHECKING:
-    from ..models import LoadedModel
+
+# What the peers read of engine/config.py's DecodeSettings and engine/models.py's
+# LoadedModel, described here so that the runtimes import neither.
+
+
+class DecodeSettings(Protocol):
+    greedy: bool
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    draft_tokens: int
+
+
+class LoadedModel(Protocol):
+    model: Any  # a transformers model, or None where the model runs on llama.cpp
+    vocabulary: Any  # a reduced vocabulary, or None
+    device: Any
 
 
 class AssistedGeneration:
