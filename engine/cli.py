@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import methods
+from . import heap, methods
 from .about import paths_report, version_report
 from .config import CHAT_DEFAULT_TEMPERATURE, DEVICES, PRECISIONS, RUNTIMES, VERIFIERS, ConfigError, DecodeSettings, ModelSpec, PairConfig
 from .errors import TandemError
@@ -23,6 +23,7 @@ REPORTS = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    heap.limit_arenas()  # before the engine's and llama.cpp's threads start (engine/heap.py)
     if not argv:
         return _launch_desktop_app()
     if argv[0] in REPORTS:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
+from . import heap, methods
 from .chat_prompt import Message, build_prompt
 from .compat import check_pair_compatible
-from . import methods
 from .config import ConfigError, DecodeSettings, PairConfig
 from .detokenize import IncrementalDetokenizer
 from .drafters.auto import SpeedRecord, record_path
@@ -315,6 +315,7 @@ class Generation:
         stats.elapsed_s = time.perf_counter() - started
         stats.note = drafter.explain()
         yield StatsUpdate(stats.snapshot())
+        heap.trim()  # the rounds' freed logits go back to the system, not the idle process
         yield Finished(
             text=pair.tokenizer.decode(reply, skip_special_tokens=True),
             token_ids=tuple(reply),

@@ -2,12 +2,12 @@
 modules that asks torch about CUDA."""
 from __future__ import annotations
 
-import ctypes
 import gc
 
 import psutil
 import torch
 
+from .. import heap
 from ..errors import ModelLoadError
 
 # What a forward raises when the device is full: a GPU's allocator, or the host's.
@@ -38,15 +38,7 @@ def release_cached_memory() -> None:
     gc.collect()  # tensors held only by reference cycles are freed now, before the trim
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    _trim_c_heap()
-
-
-def _trim_c_heap() -> None:
-    try:
-        malloc_trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError, TypeError):
-        return  # not glibc (macOS, Windows, musl): their allocators return memory on their own
-    malloc_trim(0)
+    heap.trim()
 
 
 def device_name(device: torch.device) -> str | None:

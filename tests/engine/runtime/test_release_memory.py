@@ -24,3 +24,58 @@ def test_memory_freed_inside_the_heap_goes_back_to_the_system():
     assert freed_but_held - before > 150  # free() kept them
     assert resident_mb() - before < 60  # the trim gave them back
     assert len(kept) == 30
+
+
+
+ARENA_COUNT = """
+import ctypes, re, sys, tempfile, threading
+from engine import heap
+capped = heap.limit_arenas() if sys.argv[1] == "capped" else False
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+
+def allocate():  # ctypes lets go of the GIL in each call, so the threads malloc at once
+    for _ in range(20000):
+        libc.free(libc.malloc(4096))
+
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+libc.fdopen.restype = ctypes.c_void_p
+with tempfile.TemporaryFile() as report:
+    stream = libc.fdopen(libc.dup(report.fileno()), b"w")
+    libc.malloc_info(0, ctypes.c_void_p(stream))
+    libc.fclose(ctypes.c_void_p(stream))
+    report.seek(0)
+    print(capped, len(re.findall(rb"<heap nr=", report.read())))
+"""
+
+
+def arenas_after_threads(capped: bool) -> tuple[str, int]:
+    """(whether the cap took, arenas) in a fresh process whose 8 threads allocate at once."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    output = subprocess.run(
+        [sys.executable, "-c", ARENA_COUNT, "capped" if capped else "free"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.split()
+    return output[0], int(output[1])
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's heap")
+def test_threads_share_the_capped_arenas_after_limit_arenas():
+    """Threads that allocate at once each get an arena of their own (which scattered a pair's
+    freed blocks over many arenas); after the cap they share heap.ARENAS. glibc's own report
+    (malloc_info) counts them."""
+    from engine import heap
+
+    took, capped = arenas_after_threads(capped=True)
+    _, free = arenas_after_threads(capped=False)
+    assert took == "True"
+    assert 1 <= capped <= heap.ARENAS < free
