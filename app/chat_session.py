@@ -41,6 +41,7 @@ class Stream:
     runs: Runs = field(default_factory=list)
     note: str = ""
     reading: bool = False  # a long prompt is being read: the status says how far
+    carried_on: StoredMessage | None = None  # Continue: the reply as it was before this stream
 
 
 class ChatController(QObject):
@@ -69,6 +70,7 @@ class ChatController(QObject):
         pane.edit_cancelled.connect(self.cancel_edit)
         pane.system_prompt_edited.connect(self.set_system_prompt)
         pane.view.regenerate_requested.connect(self.regenerate)
+        pane.view.continue_requested.connect(self.continue_reply)
         pane.view.edit_requested.connect(self.start_edit)
         client.prompt_prepared.connect(self._on_prompt_prepared)
         client.prompt_progress.connect(self._on_prompt_progress)
@@ -155,6 +157,25 @@ class ChatController(QObject):
         self._start_reply()
 
     @Slot()
+    def continue_reply(self) -> None:
+        """Carry on the last reply where the token limit stopped it: the model reads the reply
+        so far as the start of its own turn, and what it writes is added to the same message."""
+        if self.conversation_id is None or not self.client.can_generate:
+            return
+        messages = self.store.messages(self.conversation_id)
+        if not messages or messages[-1].role != "assistant" or not messages[-1].content.strip():
+            return
+        reply = messages[-1]
+        settings = self._decode_settings()
+        self.store.reopen_reply(reply.id, EXACT if settings.exact else settings.method)
+        widget = self.pane.view.widget_for(reply.id)
+        if widget is not None:
+            widget.limit_notice.show_limit(None)
+            widget.set_status(STREAMING)
+            widget.show_verifier(self.store.message(reply.id).verifier)
+        self._stream_into(reply.id, settings, carried_on=reply)
+
+    @Slot()
     def stop(self) -> None:
         self.client.stop()
 
@@ -176,22 +197,29 @@ class ChatController(QObject):
         self.pane.edit_notice.setVisible(False)
 
     def _start_reply(self) -> None:
+        settings = self._decode_settings()
+        # An approximate reply is marked from its first row, so that one cut short still says so.
+        verifier = EXACT if settings.exact else settings.method
+        reply = self.store.add_message(self.conversation_id, "assistant", "", STREAMING, verifier=verifier)
+        self.pane.view.add_message(reply)
+        self._stream_into(reply.id, settings)
+
+    def _stream_into(self, message_id: int, settings: DecodeSettings, carried_on: StoredMessage | None = None) -> None:
+        """Ask the engine for a reply to the stored conversation, streamed into `message_id`
+        (a new reply, or, with `carried_on`, the last reply, which the model continues)."""
         conversation = self.store.conversation(self.conversation_id)
         history = [
             Message(m.role, m.content)
             for m in self.store.messages(conversation.id)
             if m.content.strip() and m.status != FAILED
         ]
-        settings = self._decode_settings()
-        # An approximate reply is marked from its first row, so that one cut short still says so.
-        verifier = EXACT if settings.exact else settings.method
-        reply = self.store.add_message(conversation.id, "assistant", "", STREAMING, verifier=verifier)
-        self.pane.view.add_message(reply)
         pair = self.client.pair
         verifier_label = pair.verifier_label(settings.verifier) if pair else settings.verifier
         quality = None if settings.exact or pair is None else sprinter_quality(pair.heads_card, settings.greedy)
         request_id = self.client.generate(history, settings, conversation.system_prompt)
-        self.stream = Stream(request_id, reply.id, conversation.id, settings, verifier_label, quality)
+        self.stream = Stream(request_id, message_id, conversation.id, settings, verifier_label, quality, carried_on=carried_on)
+        if carried_on is not None:
+            self.stream.text, self.stream.runs = carried_on.content, list(carried_on.provenance)
         self.reply_started.emit(settings, verifier_label)
         self.refresh_state()
 
@@ -240,15 +268,18 @@ class ChatController(QObject):
         if stream is None:
             return
         self.stream = None
-        runs = fit_runs(stream.runs, len(event.text))
+        # A continued reply is the reply so far and what this stream wrote; its figures are
+        # those of this stream (the speed of the part just written).
+        text = (stream.carried_on.content if stream.carried_on is not None else "") + event.text
+        runs = fit_runs(stream.runs, len(text))
         figures = reply_figures(
             event.stats, stream.settings, stream.verifier_label, description, event.stop_reason, stream.quality
         )
         status = STOPPED if event.stop_reason == "stopped" else COMPLETE
-        self.store.finish_reply(stream.message_id, event.text, runs, figures, status, stream.note)
+        self.store.finish_reply(stream.message_id, text, runs, figures, status, stream.note)
         widget = self.pane.view.widget_for(stream.message_id)
         if widget is not None:
-            widget.set_content(event.text, runs)
+            widget.set_content(text, runs)
             widget.render()
             widget.set_status(status, stream.note)
             widget.set_figures(figures)
@@ -262,11 +293,19 @@ class ChatController(QObject):
         if stream is None:
             return
         self.stream = None
-        self.store.finish_reply(stream.message_id, stream.text, stream.runs, None, FAILED, message)
+        before = stream.carried_on
+        if before is not None:
+            # Continue failed: the reply stays as it was (with what streamed before the
+            # error), still part of the conversation, and can be continued again.
+            self.store.finish_reply(stream.message_id, stream.text, stream.runs, before.figures, before.status, message)
+        else:
+            self.store.finish_reply(stream.message_id, stream.text, stream.runs, None, FAILED, message)
         widget = self.pane.view.widget_for(stream.message_id)
         if widget is not None:
             widget.render()
-            widget.set_status(FAILED, message)
+            widget.set_status(before.status if before is not None else FAILED, message)
+            if before is not None and before.figures:
+                widget.set_figures(before.figures)
         self.refresh_state()
 
     def save_for_close(self) -> None:

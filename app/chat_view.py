@@ -25,6 +25,7 @@ class ChatView(QScrollArea):
     """Messages top to bottom; follows a streaming reply while the user is at the bottom."""
 
     regenerate_requested = Signal()
+    continue_requested = Signal()  # the last reply stopped at the token limit: write more of it
     edit_requested = Signal(int)
     limit_settings_requested = Signal()  # a token-limit notice's link to Settings → Decoding
 
@@ -64,6 +65,7 @@ class ChatView(QScrollArea):
     def add_message(self, message: StoredMessage) -> MessageWidget:
         widget = MessageWidget(message, self._show_provenance)
         widget.regenerate_requested.connect(self.regenerate_requested)
+        widget.continue_requested.connect(self.continue_requested)
         widget.edit_requested.connect(self.edit_requested)
         widget.limit_settings_requested.connect(self.limit_settings_requested)
         self._layout.insertWidget(self._layout.count() - 1, widget)
@@ -89,13 +91,16 @@ class ChatView(QScrollArea):
             widget.set_show_provenance(show)
 
     def update_actions(self, idle: bool) -> None:
-        """Regenerate on the last reply and Edit on the last question, when nothing streams."""
+        """Regenerate (and Continue, where it stopped at the token limit) on the last reply and
+        Edit on the last question, when nothing streams."""
         last_reply = next((w for w in reversed(self.messages) if w.role == "assistant"), None)
         last_question = next((w for w in reversed(self.messages) if w.role == "user"), None)
         for widget in self.messages:
+            is_last_reply = idle and widget is last_reply and widget is self.messages[-1]
             widget.set_actions(
-                can_regenerate=idle and widget is last_reply and widget is self.messages[-1],
+                can_regenerate=is_last_reply,
                 can_edit=idle and widget is last_question,
+                can_continue=is_last_reply and widget.stopped_at_limit,
             )
 
     def set_placeholder_text(self, text: str) -> None:

@@ -21,7 +21,7 @@ from engine import methods
 
 from .markdown_blocks import Block, split_blocks, with_line_breaks
 from .provenance import Runs, coloured_html
-from .storage import FAILED, INTERRUPTED, STOPPED, STREAMING, StoredMessage
+from .storage import EXACT, FAILED, INTERRUPTED, STOPPED, STREAMING, StoredMessage
 
 RENDER_INTERVAL_MS = 40  # streamed text is re-rendered at most this often
 STATUS_TEXT = {STREAMING: "writing…", STOPPED: "stopped", INTERRUPTED: "interrupted", FAILED: "error"}
@@ -180,9 +180,8 @@ class FiguresLine(QWidget):
 
 
 class LimitNotice(QLabel):
-    """Under a reply that stopped at the token limit: says so, and where to raise the limit.
-    The engine cannot carry on a reply it has ended, so there is no Continue: Regenerate
-    after raising the limit writes it again, whole."""
+    """Under a reply that stopped at the token limit: says so, that Continue (on the last
+    reply) writes more of it, and where to raise the limit for the next ones."""
 
     settings_requested = Signal()
 
@@ -201,14 +200,15 @@ class LimitNotice(QLabel):
         if limit is not None:
             self.clear()  # the same text again would be ignored, and a theme change needs it re-laid
             self.setText(
-                f"Stopped at the {limit}-token limit. For longer replies, raise “Max new tokens” in "
-                "<a href='settings:decoding'>Settings → Decoding</a>, then Regenerate."
+                f"Stopped at the {limit}-token limit. Continue writes more of the last reply; for "
+                "longer replies, raise “Max new tokens” in <a href='settings:decoding'>Settings → Decoding</a>."
             )
         self.setVisible(limit is not None)
 
 
 class MessageWidget(QFrame):
     regenerate_requested = Signal()
+    continue_requested = Signal()
     edit_requested = Signal(int)  # message id
     limit_settings_requested = Signal()  # the token-limit notice's link
 
@@ -235,10 +235,10 @@ class MessageWidget(QFrame):
         self.status.setObjectName("messageStatus")
         self.status.setWordWrap(True)
         header.addWidget(author)
-        self.badge = QLabel(f"approximate — {methods.BY_NAME[message.verifier].title if message.verifier in methods.BY_NAME else message.verifier}")
+        self.badge = QLabel()
         self.badge.setObjectName("approximateBadge")
         self.badge.setToolTip(APPROXIMATE_TIP)
-        self.badge.setVisible(message.approximate)
+        self.show_verifier(message.verifier)
         header.addWidget(self.badge)
         header.addWidget(self.status, 1)
         layout.addLayout(header)
@@ -261,8 +261,11 @@ class MessageWidget(QFrame):
         actions.setSpacing(4)
         self.copy_button = self._action("Copy", "Copy this message as text", self._copy)
         self.regenerate_button = self._action("Regenerate", "Write this reply again", self.regenerate_requested.emit)
+        self.continue_button = self._action(
+            "Continue", "Write more of this reply: the model carries on where the token limit stopped it", self.continue_requested.emit
+        )
         self.edit_button = self._action("Edit", "Edit this message and send it again", lambda: self.edit_requested.emit(self.message_id))
-        for button in (self.copy_button, self.regenerate_button, self.edit_button):
+        for button in (self.copy_button, self.regenerate_button, self.continue_button, self.edit_button):
             actions.addWidget(button)
         actions.addStretch()
         layout.addLayout(actions)
@@ -327,8 +330,19 @@ class MessageWidget(QFrame):
         self.figures_line.setVisible(True)
         self.limit_notice.show_limit(fmt.token_limit(figures))
 
-    def set_actions(self, can_regenerate: bool, can_edit: bool) -> None:
+    def show_verifier(self, verifier: str) -> None:
+        """Badge a reply an approximate verifier wrote (any of it: a continued one too)."""
+        if verifier != EXACT:
+            self.badge.setText(f"approximate — {methods.BY_NAME[verifier].title if verifier in methods.BY_NAME else verifier}")
+        self.badge.setVisible(verifier != EXACT)
+
+    @property
+    def stopped_at_limit(self) -> bool:
+        return self.limit_notice.limit is not None
+
+    def set_actions(self, can_regenerate: bool, can_edit: bool, can_continue: bool = False) -> None:
         self.regenerate_button.setVisible(self.role == "assistant" and can_regenerate)
+        self.continue_button.setVisible(self.role == "assistant" and can_continue)
         self.edit_button.setVisible(self.role == "user" and can_edit)
 
     def _copy(self) -> None:

@@ -189,6 +189,14 @@ class ChatStore:
             (content, json.dumps(provenance), message_id),
         )
 
+    def reopen_reply(self, message_id: int, verifier: str) -> None:
+        """A finished reply is being carried on (Continue): it streams again, and is marked
+        approximate if the rest is written by an approximate verifier."""
+        self._db.execute(
+            "UPDATE messages SET status=?, verifier=CASE WHEN verifier=? THEN ? ELSE verifier END WHERE id=?",
+            (STREAMING, EXACT, verifier, message_id),
+        )
+
     def finish_reply(
         self, message_id: int, content: str, provenance: Runs, figures: dict | None, status: str, note: str = ""
     ) -> None:

@@ -31,7 +31,9 @@ class BuiltPrompt:
 def build_prompt(
     tokenizer: Any, messages: list[Message], system_prompt: str | None, max_prompt_tokens: int
 ) -> BuiltPrompt:
-    """The prompt that asks the model to answer the last (user) message.
+    """The prompt that asks the model to answer the last (user) message, or, when the
+    conversation ends with an assistant message after it, to carry on that reply (Continue,
+    for a reply that stopped at the token limit).
 
     System messages, `system_prompt` first, are always kept. When the whole conversation does
     not fit in `max_prompt_tokens`, the oldest user/assistant turns are dropped.
@@ -64,7 +66,13 @@ def build_prompt(
 
 
 def encode_conversation(tokenizer: Any, messages: Sequence[Message]) -> list[int]:
-    """Token ids of `messages` followed by the start of an assistant reply."""
+    """Token ids of `messages` followed by the start of an assistant reply; when the last
+    message is the assistant's, followed by that reply so far, for the model to carry on."""
+    if messages and messages[-1].role == "assistant":
+        *asked, reply_so_far = messages
+        # The template would close the reply with an end-of-turn token; the text is appended
+        # to the opened reply instead, as the model itself wrote it.
+        return encode_conversation(tokenizer, asked) + list(tokenizer.encode(reply_so_far.content, add_special_tokens=False))
     if getattr(tokenizer, "chat_template", None):
         conversation = [{"role": message.role, "content": message.content} for message in messages]
         encoded = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
@@ -78,9 +86,14 @@ def _check_messages(messages: list[Message]) -> None:
     for message in messages:
         if message.role not in ROLES:
             raise PromptError(f"Unknown message role {message.role!r}; use one of {', '.join(ROLES)}.")
-    if not messages or messages[-1].role != "user":
+    talk = [message for message in messages if message.role != "system"]
+    if talk and talk[-1].role == "assistant" and len(talk) >= 2 and talk[-2].role == "user":
+        question = talk[-2]  # a reply to carry on: the question it answers must be there
+    elif not messages or messages[-1].role != "user":
         raise PromptError("There is no user message to answer: the conversation must end with one.")
-    if not messages[-1].content.strip():
+    else:
+        question = messages[-1]
+    if not question.content.strip():
         raise PromptError("The message is empty.")
 
 

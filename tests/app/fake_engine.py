@@ -185,6 +185,8 @@ class FakeGeneration:
             time.sleep(engine.token_delay_s)
             yield PromptProgress(chunk * 256, engine.reading_chunks * 256)
         tokens = words(engine.reply)
+        if self.messages and self.messages[-1].role == "assistant":  # Continue: carry on after the reply so far
+            tokens = tokens[len(words(self.messages[-1].content)):]
         stop_reason = "eos" if len(tokens) <= settings.max_new_tokens else "length"
         tokens = tokens[: settings.max_new_tokens]
         stats = GenerationStats(method=settings.method, prompt_tokens=prompt_tokens, exact=settings.exact)

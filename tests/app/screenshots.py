@@ -420,6 +420,9 @@ def everyday(app: QApplication, home: Path) -> None:
         window.set_decoding(window.settings.decoding.with_changes(max_new_tokens=24))
         send_and_finish(app, window, "And in more detail?")
         save(window, "token-limit-notice.png")
+        window.pane.view.messages[-1].continue_button.click()  # carry on the cut reply
+        wait_until(app, lambda: window.controller.stream is None, 30)
+        save(window, "token-limit-continued.png")
 
         window.request_pair(window.pair_named("qwen2.5-7b + 0.5b draft"))
         wait_until(app, lambda: window.client.loading is None and window.pane.banner.isVisible(), 10)

@@ -40,3 +40,57 @@ def test_a_reply_that_ended_by_itself_or_was_stopped_shows_no_notice(ready_windo
     window = ready_window(FakeEngine(reply="short"))
     send_and_wait(qtbot, window, "Hi")
     assert not last_reply(window).limit_notice.isVisibleTo(window)
+
+
+def stored_reply(window):
+    return window.store.messages(window.controller.conversation_id)[-1]
+
+
+def test_continue_carries_on_a_reply_cut_at_the_limit_in_the_same_message(ready_window, qtbot):
+    engine = FakeEngine(reply="one two three four five six seven eight nine")
+    window = ready_window(engine)
+    window.set_decoding(DecodeSettings(method="chain", max_new_tokens=4))
+    send_and_wait(qtbot, window, "Count")
+    reply = last_reply(window)
+    assert reply.continue_button.isVisible() and reply.regenerate_button.isVisible()
+
+    with qtbot.waitSignal(window.client.finished, timeout=5000):
+        reply.continue_button.click()
+    asked, _settings, _system = engine.requests[-1]
+    assert (asked[-1].role, asked[-1].content) == ("assistant", "one two three four")  # the reply so far, to carry on
+    assert stored_reply(window).content == "one two three four five six seven eight"
+    assert [m.role for m in window.store.messages(window.controller.conversation_id)] == ["user", "assistant"]
+    assert last_reply(window) is reply and reply.text == "one two three four five six seven eight"
+    assert reply.limit_notice.isVisible() and reply.continue_button.isVisible()  # the limit again
+
+    with qtbot.waitSignal(window.client.finished, timeout=5000):
+        reply.continue_button.click()
+    assert stored_reply(window).content == "one two three four five six seven eight nine"
+    assert stored_reply(window).status == COMPLETE
+    assert not reply.limit_notice.isVisible() and not reply.continue_button.isVisible()  # it ended on its own
+
+
+def test_continue_is_offered_on_the_last_reply_only_and_only_after_the_limit(ready_window, qtbot):
+    window = ready_window(FakeEngine(reply="one two three four five"))
+    window.set_decoding(DecodeSettings(method="chain", max_new_tokens=3))
+    send_and_wait(qtbot, window, "Count")
+    first = last_reply(window)
+    send_and_wait(qtbot, window, "Again")
+    assert first.limit_notice.isVisibleTo(window) and not first.continue_button.isVisible()
+    window.set_decoding(DecodeSettings(method="chain", max_new_tokens=50))
+    send_and_wait(qtbot, window, "Once more")
+    assert not last_reply(window).continue_button.isVisible()  # ended on its own
+
+
+def test_a_failed_continue_keeps_the_reply_as_it_was(ready_window, qtbot):
+    engine = FakeEngine(reply="one two three four five six seven eight")
+    window = ready_window(engine)
+    window.set_decoding(DecodeSettings(method="chain", max_new_tokens=3))
+    send_and_wait(qtbot, window, "Count")
+    engine.fail_after_tokens = 0
+    with qtbot.waitSignal(window.client.errored, timeout=5000):
+        last_reply(window).continue_button.click()
+    reply = stored_reply(window)
+    assert reply.content == "one two three" and reply.status == COMPLETE and reply.figures
+    assert "out of memory" in window.pane.banner.text.lower()
+    qtbot.waitUntil(lambda: last_reply(window).continue_button.isVisible(), timeout=5000)  # and can be tried again

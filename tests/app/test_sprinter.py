@@ -6,7 +6,7 @@ from PySide6.QtWidgets import QToolBar
 
 from app.settings import load_settings
 from app.storage import STOPPED
-from engine.config import ModelSpec, PairConfig
+from engine.config import DecodeSettings, ModelSpec, PairConfig
 from engine.errors import OutOfMemoryError
 from engine.pairs import save_user_pairs
 from tests.app.fake_engine import FakeEngine
@@ -211,3 +211,19 @@ def test_a_sprinter_reply_cut_short_by_closing_the_app_stays_marked(make_window,
     saved = again.store.messages(again.controller.conversation_id)[-1]
     assert saved.status == STOPPED and saved.figures is None and saved.approximate
     assert last_reply(again).badge.isVisibleTo(last_reply(again))
+
+
+def test_an_exact_reply_continued_by_sprinter_is_marked_approximate(make_window, qtbot):
+    engine = FakeEngine(heads=True, reply="one two three four five six seven eight")
+    window = make_window(engine)
+    qtbot.waitUntil(lambda: window.client.pair is not None, timeout=5000)
+    window.set_decoding(DecodeSettings(method="chain", max_new_tokens=3))
+    send_and_wait(qtbot, window, "Count")
+    reply = last_reply(window)
+    assert not reply.badge.isVisibleTo(reply)
+    choose_sprinter(window)
+    with qtbot.waitSignal(window.client.finished, timeout=5000):
+        reply.continue_button.click()
+    assert engine.requests[-1][1].method == "sprinter"
+    assert reply.badge.isVisibleTo(reply) and reply.badge.text() == "approximate — SPRINTER"
+    assert window.store.messages(window.controller.conversation_id)[-1].verifier == "sprinter"

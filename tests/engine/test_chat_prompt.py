@@ -78,13 +78,29 @@ def test_a_message_that_cannot_fit_is_refused(tokenizer):
     [
         ([Message("user", "  \n")], "The message is empty."),
         ([], "no user message"),
-        ([Message("user", "hi"), Message("assistant", "hi")], "no user message"),
+        ([Message("assistant", "hi")], "no user message"),
+        ([Message("user", "hi"), Message("assistant", "a1"), Message("assistant", "a2")], "no user message"),
+        ([Message("user", " "), Message("assistant", "a1")], "The message is empty."),
         ([Message("robot", "hi")], "Unknown message role"),
     ],
 )
 def test_unusable_conversations_are_refused(tokenizer, messages, complaint):
     with pytest.raises(PromptError, match=complaint):
         build_prompt(tokenizer, messages, None, max_prompt_tokens=100)
+
+
+def test_a_reply_to_carry_on_follows_the_opened_reply_without_its_end(tokenizer):
+    """Continue: the reply so far is the start of the model's turn, not a closed message."""
+    prompt = build_prompt(tokenizer, [*CONVERSATION, Message("assistant", "a1 a2")], "brief", max_prompt_tokens=100)
+
+    assert text_of(tokenizer, prompt.token_ids).endswith("<s> user q3 </s> <s> assistant a1 a2")
+
+
+def test_a_reply_to_carry_on_keeps_its_question_when_old_turns_are_dropped(tokenizer):
+    prompt = build_prompt(tokenizer, [*CONVERSATION, Message("assistant", "a1")], "brief", max_prompt_tokens=12)
+
+    assert prompt.dropped_messages == 4
+    assert text_of(tokenizer, prompt.token_ids) == "<s> system brief </s> <s> user q3 </s> <s> assistant a1"
 
 
 def test_tokenizer_without_template_gets_a_plain_transcript(make_word_tokenizer):

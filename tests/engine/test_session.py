@@ -262,3 +262,36 @@ def test_stopping_while_a_prompt_is_read_ends_the_reply_before_its_first_token(m
             generation.stop()
     assert [e.tokens_done for e in events if isinstance(e, PromptProgress)] == [0, 256]
     assert events[-1].stop_reason == "stopped" and events[-1].token_ids == ()
+
+
+def test_the_heap_is_trimmed_once_a_reply_is_written_and_stopped_replies_too(tiny_pair, monkeypatch):
+    """A reply's rounds free tens of MB of logits; the trim before Finished gives them back to
+    the system, so an idle app does not sit on its last reply's peak (tandem soak)."""
+    seen: list[str] = []
+
+    def trim() -> None:
+        seen.append("trim")
+
+    monkeypatch.setattr(engine.session.heap, "trim", trim)
+    events = []
+    for event in tiny_pair.generate([Message("user", "w1 w2 w3")], DecodeSettings(max_new_tokens=6)):
+        events.append(event)
+        seen.append(type(event).__name__)
+    assert seen[-2:] == ["trim", "Finished"] and seen.count("trim") == 1
+    generation = tiny_pair.generate([Message("user", "w1 w2 w3")], DecodeSettings(max_new_tokens=50))
+    for event in generation:
+        if isinstance(event, TextDelta):
+            generation.stop()
+        seen.append(type(event).__name__)
+    assert seen.count("trim") == 2 and seen[-1] == "Finished"
+
+
+def test_a_continued_reply_is_the_reply_that_was_not_cut(tiny_pair):
+    """Continue (a conversation that ends with the reply so far): greedy, a reply cut at 5
+    tokens and carried on for 7 more is the 12-token reply written in one go."""
+    question = [Message("user", "w1 w2 w3 w1 w2")]
+    whole = run(tiny_pair.generate(question, DecodeSettings(method="ar", max_new_tokens=12)))[-1]
+    cut = run(tiny_pair.generate(question, DecodeSettings(method="ar", max_new_tokens=5)))[-1]
+    assert cut.token_ids == whole.token_ids[:5]
+    rest = run(tiny_pair.generate([*question, Message("assistant", cut.text)], DecodeSettings(method="chain", max_new_tokens=7)))[-1]
+    assert cut.token_ids + rest.token_ids == whole.token_ids
