@@ -34,9 +34,7 @@ from .runtime import llamacpp_library
 from .runtime.device import resolve_device
 from .runtime.eagle3_head import Eagle3Head, check_fits_target, load_head
 from .runtime.reduced_vocabulary import ReducedVocabulary, ReducedVocabularyRuntime
-from .runtime.torch_load import (
-    READ_ERRORS, convert_gguf, load_torch_weights, torch_runtime_factory, torch_runtime_name, without_progress_bars,
-)
+from .runtime.model_reading import READ_ERRORS, without_progress_bars
 
 ProgressCallback = Callable[[str, "float | None"], None]
 RuntimeFactory = Callable[[bool, tuple[int, ...]], ModelRuntime]  # (hidden_states, feature_layers) -> runtime
@@ -86,6 +84,8 @@ class LoadedModel:
 
     def __post_init__(self) -> None:
         if self.runtime_factory is None:
+            from .runtime.torch_load import torch_runtime_factory  # transformers' model classes: torch pairs only
+
             self.runtime_factory = torch_runtime_factory(self.model, self.device, self.context_length)
         if self.model is not None and not self.hidden_size:
             config = self.model.config
@@ -128,6 +128,10 @@ def load_model(
     folder = resolve_source(spec, report)
     tokenizer = _load_tokenizer(folder)
     report("Loading weights…", None)
+    # Imported here: transformers' model classes cost ~85 MB of memory that a pair running
+    # on llama.cpp never needs.
+    from .runtime.torch_load import load_torch_weights, torch_runtime_name
+
     model = load_torch_weights(folder, device, precision)
     context_length = _context_length(model.config)
     return LoadedModel(
@@ -387,6 +391,8 @@ def _converted_gguf(gguf: Path, report: ProgressCallback, message: str) -> Path:
 
 
 def _convert_gguf(gguf: Path, destination: Path) -> None:
+    from .runtime.torch_load import convert_gguf
+
     convert_gguf(gguf, destination)
 
 

@@ -6,23 +6,18 @@ classes; the rest of the engine sees a `LoadedModel` and the runtimes it opens.
 """
 from __future__ import annotations
 
-import contextlib
-import functools
-import importlib
 import os
-import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedModel
-from transformers.utils import logging as transformers_logging
 
 from ..errors import ModelLoadError, OutOfMemoryError
 from .base import ModelRuntime
 from .int8_weights import quantise_weight_only
+from .model_reading import READ_ERRORS, without_progress_bars
 from .static_families import static_refusal
 from .torch_eager import TorchRuntime
 from .torch_static import StaticTorchRuntime, runs_static
@@ -31,8 +26,6 @@ FLOAT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.flo
 # bitsandbytes casts every int8 matmul input to fp16 (and logs a warning on each call when it
 # is not fp16 already), so int8 models keep their other layers in fp16 too.
 INT8_COMPANION_DTYPE = torch.float16
-# What transformers, gguf and safetensors raise for files they cannot read.
-READ_ERRORS = (OSError, ValueError, KeyError, struct.error, SafetensorError, ImportError)
 # Room past the context for the last round's tree (its budget is at most 64 tokens).
 STATIC_CACHE_SPARE_ROWS = 128
 
@@ -53,33 +46,6 @@ def load_torch_weights(folder: Path, device: torch.device, precision: str) -> Pr
         ) from error
 
 
-# Transformers' GGUF reader draws its own tqdm bar ("Converting and de-quantizing GGUF
-# tensors"), which its progress-bar switch does not reach.
-GGUF_READER_MODULE = "transformers.modeling_gguf_pytorch_utils"
-
-
-@contextlib.contextmanager
-def without_progress_bars() -> Iterator[None]:
-    """Transformers' own tqdm bars ("Loading weights", "Writing model shards", the GGUF
-    reader's) off while a model loads: the chat and the app say what they are doing in their
-    own words, and a bar drawn into the terminal chat's screen breaks it. On again after, for
-    scripts that use transformers themselves."""
-    was_enabled = transformers_logging.is_progress_bar_enabled()
-    transformers_logging.disable_progress_bar()
-    try:
-        gguf_reader = importlib.import_module(GGUF_READER_MODULE)
-    except ImportError:  # a transformers that reads GGUF files elsewhere, or not at all
-        gguf_reader = None
-    gguf_bar = getattr(gguf_reader, "tqdm", None)
-    if gguf_bar is not None:
-        gguf_reader.tqdm = functools.partial(gguf_bar, disable=True)
-    try:
-        yield
-    finally:
-        if gguf_bar is not None:
-            gguf_reader.tqdm = gguf_bar
-        if was_enabled:
-            transformers_logging.enable_progress_bar()
 
 
 def _weights_in_memory(folder: Path, device: torch.device, precision: str) -> PreTrainedModel:

@@ -258,3 +258,23 @@ def test_running_out_of_memory_while_quantising_is_the_clear_out_of_memory_error
     monkeypatch.setattr(torch_load, "quantise_weight_only", run_out)
     with pytest.raises(OutOfMemoryError, match="ran out of memory while loading"):
         load_model(ModelSpec(str(tiny_model_folder), precision="int8-wo", device="cpu"))
+
+
+def test_a_pair_on_llama_cpp_never_imports_transformers_model_classes():
+    """engine/runtime/torch_load.py (transformers' model classes, ~85 MB once imported) is
+    imported by torch pairs only: the demo pair on llama.cpp loads without it."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("llama_cpp")
+    script = (
+        "import sys\n"
+        "from engine.config import demo_pair\n"
+        "from engine.session import load_pair\n"
+        "pair = load_pair(demo_pair())\n"
+        "print(pair.target.runtime, 'engine.runtime.torch_load' in sys.modules)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    output = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True).stdout
+    runtime, imported = output.split()[-2:]
+    assert runtime.startswith("llama.cpp") and imported == "False"
