@@ -12,11 +12,22 @@ memory on their own.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+from collections.abc import Iterator
 from functools import cache
 
-M_ARENA_MAX = -8  # glibc's mallopt parameter
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # glibc's mallopt parameters
 ARENAS = 2  # the main thread's arena and one the other threads share
+# While a pair loads, every block over 128 KB (glibc's starting threshold) gets pages of its
+# own, which go back to the system whole when the pair closes instead of leaving holes
+# between the blocks that outlive it. While replies run, blocks up to 32 MB (a tree's logits)
+# come from the heap and are reused round after round, as glibc's own adaptive threshold
+# would settle; free pages stay until the trim after each reply, not given back and
+# faulted in again every round.
+LOADING_MMAP_THRESHOLD = 128 * 1024
+RUNNING_MMAP_THRESHOLD = 32 * 1024 * 1024
+RUNNING_TRIM_THRESHOLD = 64 * 1024 * 1024
 
 
 @cache
@@ -34,6 +45,20 @@ def limit_arenas() -> bool:
     (arenas made before the call stay). True where the cap took effect."""
     libc = _glibc()
     return bool(libc is not None and libc.mallopt(M_ARENA_MAX, ARENAS))
+
+
+@contextlib.contextmanager
+def loading() -> Iterator[None]:
+    """Around a pair's load: what it allocates is mapped on its own (see above)."""
+    libc = _glibc()
+    if libc is not None:
+        libc.mallopt(M_MMAP_THRESHOLD, LOADING_MMAP_THRESHOLD)
+    try:
+        yield
+    finally:
+        if libc is not None:
+            libc.mallopt(M_MMAP_THRESHOLD, RUNNING_MMAP_THRESHOLD)
+            libc.mallopt(M_TRIM_THRESHOLD, RUNNING_TRIM_THRESHOLD)
 
 
 def trim() -> None:

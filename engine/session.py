@@ -416,6 +416,11 @@ def _generator(seed: int | None) -> torch.Generator:
 
 def load_pair(config: PairConfig, progress: ProgressCallback | None = None) -> LoadedPair:
     """Load the target and the draft of `config`, and check that they can work together."""
+    with heap.loading():
+        return _load_pair(config, progress)
+
+
+def _load_pair(config: PairConfig, progress: ProgressCallback | None) -> LoadedPair:
     report = progress or (lambda message, fraction: None)
     report(f"Loading target {config.target.source}…", None)
     target = load_model(config.target, progress, runtime=config.runtime)

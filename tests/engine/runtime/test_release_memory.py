@@ -79,3 +79,38 @@ def test_threads_share_the_capped_arenas_after_limit_arenas():
     _, free = arenas_after_threads(capped=False)
     assert took == "True"
     assert 1 <= capped <= heap.ARENAS < free
+
+
+MAPPED_BLOCKS = """
+import ctypes
+from engine import heap
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.mallinfo2.restype = MallInfo2
+mapped = lambda: libc.mallinfo2().hblks
+with heap.loading():
+    before = mapped()
+    during = libc.malloc(1 << 20)
+    print(mapped() - before)
+before = mapped()
+after = libc.malloc(1 << 20)
+print(mapped() - before)
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's heap")
+def test_a_pair_loads_into_blocks_of_their_own_and_replies_run_in_the_heap():
+    """A 1 MB block allocated while a pair loads is mapped on its own (it goes back whole when
+    the pair closes); one allocated afterwards, as a round's logits are, comes from the heap."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    output = subprocess.run([sys.executable, "-c", MAPPED_BLOCKS], cwd=root, capture_output=True, text=True, check=True).stdout
+    assert output.split() == ["1", "0"]
