@@ -6,16 +6,20 @@ only what that window adds, holding back text that ends in an incomplete charact
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 INCOMPLETE = "\ufffd"
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, context_ids: Sequence[int] = ()):
+        """`context_ids`: tokens the new text follows (the end of a reply being continued),
+        decoded with the first new ones so that the space between them is kept, never emitted."""
         self.tokenizer = tokenizer
-        self.token_ids: list[int] = []
+        self.token_ids: list[int] = list(context_ids)
         self.text = ""
         self._window_start = 0  # first token of the window that is decoded again
-        self._emitted_up_to = 0  # tokens whose text is already in self.text
+        self._emitted_up_to = len(self.token_ids)  # tokens whose text is already in self.text (or context)
 
     def add(self, new_ids: list[int]) -> str:
         """Append tokens; return the text they complete (possibly empty)."""
@@ -32,3 +36,13 @@ class IncrementalDetokenizer:
 
     def _decode(self, start: int, end: int) -> str:
         return self.tokenizer.decode(self.token_ids[start:end], skip_special_tokens=True)
+
+
+def text_after(tokenizer, context_ids: Sequence[int], new_ids: Sequence[int]) -> str:
+    """The text of `new_ids` as it reads after `context_ids`: a word-level tokenizer puts the
+    space between two tokens only when it decodes them together."""
+    context = tokenizer.decode(list(context_ids), skip_special_tokens=True)
+    whole = tokenizer.decode([*context_ids, *new_ids], skip_special_tokens=True)
+    if not whole.startswith(context):
+        return tokenizer.decode(list(new_ids), skip_special_tokens=True)
+    return whole[len(context):]

@@ -22,7 +22,7 @@ from . import heap, methods
 from .chat_prompt import Message, build_prompt
 from .compat import check_pair_compatible
 from .config import ConfigError, DecodeSettings, PairConfig
-from .detokenize import IncrementalDetokenizer
+from .detokenize import IncrementalDetokenizer, text_after
 from .drafters.auto import SpeedRecord, record_path
 from .drafters.backoff_ngram import TABLE_FILE, BackoffNgram, NgramCounts
 from .drafters.base import RoundOutcome
@@ -50,6 +50,8 @@ ProgressCallback = Callable[[str, "float | None"], None]
 # in chunks, with a PromptProgress after each.
 PROMPT_PROGRESS_MIN_TOKENS = 512
 PROMPT_CHUNK_TOKENS = 256
+# The last tokens of a reply being continued that its new text is decoded after (spaces).
+CONTEXT_TOKENS = 4
 
 VERIFIER_CHOICES = (
     ("block", "Exact — block verification", True),
@@ -274,7 +276,10 @@ class Generation:
 
         sampler = Sampler(settings.temperature, settings.top_k, settings.top_p, _generator(settings.seed))
         stats = GenerationStats(method=settings.method, prompt_tokens=len(prompt.token_ids), exact=settings.exact)
-        detokenizer = IncrementalDetokenizer(pair.tokenizer)
+        # A reply being continued: its last tokens are the context its new text follows.
+        carried_on = self.messages[-1].content if self.messages[-1].role == "assistant" else None
+        context_ids = list(pair.tokenizer.encode(carried_on, add_special_tokens=False))[-CONTEXT_TOKENS:] if carried_on else []
+        detokenizer = IncrementalDetokenizer(pair.tokenizer, context_ids)
         context = list(prompt.token_ids)
         reply: list[int] = []
         provenance: list[Provenance] = []
@@ -317,7 +322,7 @@ class Generation:
         yield StatsUpdate(stats.snapshot())
         heap.trim()  # the rounds' freed logits go back to the system, not the idle process
         yield Finished(
-            text=pair.tokenizer.decode(reply, skip_special_tokens=True),
+            text=text_after(pair.tokenizer, context_ids, reply),
             token_ids=tuple(reply),
             provenance=tuple(provenance),
             stats=stats.snapshot(),

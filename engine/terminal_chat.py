@@ -31,7 +31,8 @@ from .terminal_input import MessageReader
 HELP = """Commands: /reset (new conversation), /system TEXT, /method ar|chain|tree|staged|ngram|adaptive,
 /verifier exact|sprinter (SPRINTER is approximate: tokens its learned verifier passes are not checked
 by the target; it needs the pair's calibrated heads: tandem calibrate --pair NAME),
-/temperature T (0 is greedy: the same reply every time), /stats (last reply's figures), /help, /quit.
+/temperature T (0 is greedy: the same reply every time), /continue (write more of a reply the token
+limit stopped), /stats (last reply's figures), /help, /quit.
 A message can span lines: paste them (a paste is one message, sent when you press Enter), end a line
 with \\ to go on with the next, or put the lines between two lines of \"\"\". What you type while a
 reply streams waits, unechoed, for the next message.
@@ -167,7 +168,7 @@ class TerminalChat:
                 if not line.strip():
                     continue
                 if line.startswith("/"):
-                    if not self._command(line.strip()):
+                    if not self._command(line.strip(), status):
                         return 0
                     continue
                 self._reply(line, status)
@@ -197,9 +198,19 @@ class TerminalChat:
         return line
 
     def _reply(self, text: str, status: StatusLine) -> None:
-        messages = self.history + [Message("user", text)]
+        self._write_reply(self.history + [Message("user", text)], status)
+
+    def _continue(self, status: StatusLine) -> None:
+        """`/continue`: the model carries on the last reply where the token limit stopped it;
+        what it writes is added to that reply in the conversation."""
+        if not self.history or self.history[-1].role != "assistant":
+            self.out.write("(there is no reply to continue)\n")
+            return
+        self._write_reply(self.history, status, self.history[-1])
+
+    def _write_reply(self, messages: list[Message], status: StatusLine, carried_on: Message | None = None) -> None:
         generation = self.pair.generate(messages, self.settings, self.system_prompt)
-        self.out.write("tandem> ")
+        self.out.write("tandem> " + ("… " if carried_on is not None else ""))
         finished = None
         try:
             for event in generation:
@@ -226,15 +237,19 @@ class TerminalChat:
         self.out.write("\n")
         if finished.stop_reason == "stopped":
             self.out.write("[stopped]\n")
-        if finished.token_ids:
+        if carried_on is not None:
+            self.history = messages[:-1] + [Message("assistant", carried_on.content + finished.text)]
+        elif finished.token_ids:
             self.history = messages + [Message("assistant", finished.text)]
         else:
             self.out.write("(no reply was written, so this message is not kept in the conversation)\n")
+        if finished.stop_reason == "length" and finished.token_ids:
+            self.out.write(f"[stopped at the {self.settings.max_new_tokens}-token limit: /continue writes more]\n")
         self.last_stats = finished.stats
         status.show(stats_line(finished.stats))
         status.after_reply(stats_line(finished.stats))
 
-    def _command(self, line: str) -> bool:
+    def _command(self, line: str, status: StatusLine) -> bool:
         """Apply a slash command; False means quit."""
         name, _, argument = line.partition(" ")
         try:
@@ -262,6 +277,8 @@ class TerminalChat:
             elif name == "/temperature":
                 self.settings = self.settings.with_changes(temperature=float(argument))
                 self.out.write(f"(temperature: {temperature_label(self.settings.temperature)})\n")
+            elif name == "/continue":
+                self._continue(status)
             elif name == "/stats":
                 self.out.write((stats_line(self.last_stats) if self.last_stats else "(no reply yet)") + "\n")
             else:

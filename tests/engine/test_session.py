@@ -295,3 +295,4 @@ def test_a_continued_reply_is_the_reply_that_was_not_cut(tiny_pair):
     assert cut.token_ids == whole.token_ids[:5]
     rest = run(tiny_pair.generate([*question, Message("assistant", cut.text)], DecodeSettings(method="chain", max_new_tokens=7)))[-1]
     assert cut.token_ids + rest.token_ids == whole.token_ids
+    assert cut.text + rest.text == whole.text  # the space between the two parts is kept

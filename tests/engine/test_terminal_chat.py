@@ -358,3 +358,19 @@ def test_a_backslash_or_a_block_of_triple_quotes_continues_a_typed_message(termi
         terminal.type("\r")
     terminal.quit(prompts_before=3)
     assert user_messages(terminal.chat) == ["w1\nw2", "w3 \\\nw4"]
+
+
+def test_continue_carries_on_a_reply_the_token_limit_stopped(tiny_pair):
+    """/continue: greedy, a 5-token reply continued for 5 more is the 10-token reply, and the
+    conversation keeps it as one assistant message."""
+    question = "w1 w2 w3 w1 w2"
+    whole, _ = chat_with(tiny_pair, [question], DecodeSettings(method="ar", max_new_tokens=10))
+    cut, printed = chat_with(tiny_pair, [question, "/continue"], DecodeSettings(method="ar", max_new_tokens=5))
+    assert "[stopped at the 5-token limit: /continue writes more]" in printed
+    assert [m.role for m in cut.history] == ["user", "assistant"]
+    assert cut.history[-1].content == whole.history[-1].content
+
+
+def test_continue_with_nothing_to_continue_says_so(tiny_pair):
+    _, printed = chat_with(tiny_pair, ["/continue"])
+    assert "(there is no reply to continue)" in printed
