@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-from engine.chat_prompt import Message
+from engine.chat_prompt import INCOMPLETE_CHARACTER, Message
 from engine.config import DecodeSettings
 from engine.events import Finished, PromptPrepared, PromptProgress, TextDelta
 
@@ -42,6 +42,7 @@ class Stream:
     note: str = ""
     reading: bool = False  # a long prompt is being read: the status says how far
     carried_on: StoredMessage | None = None  # Continue: the reply as it was before this stream
+    base_text: str = ""  # what this stream's text follows: the continued reply so far
 
 
 class ChatController(QObject):
@@ -219,7 +220,10 @@ class ChatController(QObject):
         request_id = self.client.generate(history, settings, conversation.system_prompt)
         self.stream = Stream(request_id, message_id, conversation.id, settings, verifier_label, quality, carried_on=carried_on)
         if carried_on is not None:
-            self.stream.text, self.stream.runs = carried_on.content, list(carried_on.provenance)
+            # A character the limit cut in two is written again, whole (chat_prompt.reply_to_continue).
+            base = carried_on.content.rstrip(INCOMPLETE_CHARACTER)
+            self.stream.base_text = self.stream.text = base
+            self.stream.runs = fit_runs(list(carried_on.provenance), len(base))
         self.reply_started.emit(settings, verifier_label)
         self.refresh_state()
 
@@ -268,9 +272,12 @@ class ChatController(QObject):
         if stream is None:
             return
         self.stream = None
+        if stream.carried_on is not None and not event.token_ids:
+            self._put_back(stream, stream.note)  # stopped before it wrote anything: as it was
+            return
         # A continued reply is the reply so far and what this stream wrote; its figures are
         # those of this stream (the speed of the part just written).
-        text = (stream.carried_on.content if stream.carried_on is not None else "") + event.text
+        text = stream.base_text + event.text
         runs = fit_runs(stream.runs, len(text))
         figures = reply_figures(
             event.stats, stream.settings, stream.verifier_label, description, event.stop_reason, stream.quality
@@ -293,18 +300,29 @@ class ChatController(QObject):
         if stream is None:
             return
         self.stream = None
-        before = stream.carried_on
-        if before is not None:
-            # Continue failed: the reply stays as it was (with what streamed before the
-            # error), still part of the conversation, and can be continued again.
-            self.store.finish_reply(stream.message_id, stream.text, stream.runs, before.figures, before.status, message)
-        else:
-            self.store.finish_reply(stream.message_id, stream.text, stream.runs, None, FAILED, message)
+        if stream.carried_on is not None:
+            self._put_back(stream, message)  # the continue failed: the reply stays as it was
+            return
+        self.store.finish_reply(stream.message_id, stream.text, stream.runs, None, FAILED, message)
         widget = self.pane.view.widget_for(stream.message_id)
         if widget is not None:
             widget.render()
-            widget.set_status(before.status if before is not None else FAILED, message)
-            if before is not None and before.figures:
+            widget.set_status(FAILED, message)
+        self.refresh_state()
+
+    def _put_back(self, stream: Stream, note: str) -> None:
+        """A continue that wrote nothing, or failed: the reply as it was before it, with its
+        figures (so Continue is offered again), its verifier and `note`."""
+        before = stream.carried_on
+        self.store.finish_reply(before.id, before.content, before.provenance, before.figures, before.status, note)
+        self.store.set_verifier(before.id, before.verifier)
+        widget = self.pane.view.widget_for(before.id)
+        if widget is not None:
+            widget.set_content(before.content, list(before.provenance))
+            widget.render()
+            widget.set_status(before.status, note)
+            widget.show_verifier(before.verifier)
+            if before.figures:
                 widget.set_figures(before.figures)
         self.refresh_state()
 

@@ -13,6 +13,7 @@ from engine.stats import GenerationStats
 STOP_REASONS = {
     "eos": "the model ended its reply",
     "length": "reached the token limit",
+    "context": "filled the model's context",
     "stopped": "stopped by you",
 }
 EXACT_VERIFIER, SPRINTER_VERIFIER = "Exact", methods.label("sprinter")

@@ -91,7 +91,7 @@ class ReplyRecord:
     stop_asked: bool
     streamed: str = ""  # the text deltas as they arrived
     text: str = ""  # the reply as it ended: what the chats file must hold
-    stop_reason: str = ""  # "eos" | "length" | "stopped" | "error"
+    stop_reason: str = ""  # "eos" | "length" | "context" | "stopped" | "error"
     error: str = ""
     tokens: int = 0
     seconds: float = 0.0

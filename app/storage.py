@@ -197,6 +197,10 @@ class ChatStore:
             (STREAMING, EXACT, verifier, message_id),
         )
 
+    def set_verifier(self, message_id: int, verifier: str) -> None:
+        """Put back the verifier of a reply whose continue wrote nothing."""
+        self._db.execute("UPDATE messages SET verifier=? WHERE id=?", (verifier, message_id))
+
     def finish_reply(
         self, message_id: int, content: str, provenance: Runs, figures: dict | None, status: str, note: str = ""
     ) -> None:

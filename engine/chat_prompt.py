@@ -14,6 +14,7 @@ from typing import Any
 from .errors import ContextOverflowError, PromptError
 
 ROLES = ("system", "user", "assistant")
+INCOMPLETE_CHARACTER = "\ufffd"  # what a decoder shows for the bytes of a character cut short
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,12 @@ def build_prompt(
     # give shorter prompts, so the earliest start that fits is found by bisection.
     starts = [index for index, message in enumerate(history) if message.role == "user"]
     shortest = tokens_from(starts[-1])
+    if len(shortest) > max_prompt_tokens and reply_to_continue(history) is not None:
+        raise ContextOverflowError(
+            f"This reply cannot be continued: with its question it is {len(shortest)} tokens long, and "
+            f"only {max_prompt_tokens} fit in the model's context beside what it would write. "
+            "Regenerate it instead, with a higher “Max new tokens”."
+        )
     if len(shortest) > max_prompt_tokens:
         raise ContextOverflowError(
             f"The message is {len(shortest)} tokens long (with the system prompt and chat "
@@ -65,14 +72,26 @@ def build_prompt(
     return BuiltPrompt(token_ids=tokens_from(start), dropped_messages=start)
 
 
+def reply_to_continue(messages: Sequence[Message]) -> str | None:
+    """The reply a conversation asks to carry on (its last non-system message is the
+    assistant's), without the replacement characters of a character the token limit cut in
+    two: the model writes that character again, whole. None for a question to answer."""
+    talk = [message for message in messages if message.role != "system"]
+    if talk and talk[-1].role == "assistant":
+        return talk[-1].content.rstrip(INCOMPLETE_CHARACTER)
+    return None
+
+
 def encode_conversation(tokenizer: Any, messages: Sequence[Message]) -> list[int]:
     """Token ids of `messages` followed by the start of an assistant reply; when the last
     message is the assistant's, followed by that reply so far, for the model to carry on."""
-    if messages and messages[-1].role == "assistant":
-        *asked, reply_so_far = messages
+    reply_so_far = reply_to_continue(messages)
+    if reply_so_far is not None:
+        last = max(index for index, message in enumerate(messages) if message.role != "system")
+        asked = [message for index, message in enumerate(messages) if index != last]
         # The template would close the reply with an end-of-turn token; the text is appended
         # to the opened reply instead, as the model itself wrote it.
-        return encode_conversation(tokenizer, asked) + list(tokenizer.encode(reply_so_far.content, add_special_tokens=False))
+        return encode_conversation(tokenizer, asked) + list(tokenizer.encode(reply_so_far, add_special_tokens=False))
     if getattr(tokenizer, "chat_template", None):
         conversation = [{"role": message.role, "content": message.content} for message in messages]
         encoded = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)

@@ -43,6 +43,7 @@ def text_after(tokenizer, context_ids: Sequence[int], new_ids: Sequence[int]) ->
     space between two tokens only when it decodes them together."""
     context = tokenizer.decode(list(context_ids), skip_special_tokens=True)
     whole = tokenizer.decode([*context_ids, *new_ids], skip_special_tokens=True)
-    if not whole.startswith(context):
-        return tokenizer.decode(list(new_ids), skip_special_tokens=True)
-    return whole[len(context):]
+    # A tokenizer that tidies spaces (" ." to ".") can change the context's own end once
+    # more follows it: the new text starts where the two decodings part.
+    shared = next((index for index, (a, b) in enumerate(zip(context, whole)) if a != b), min(len(context), len(whole)))
+    return whole[shared:]

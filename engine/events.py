@@ -67,7 +67,7 @@ class Finished:
     token_ids: tuple[int, ...]
     provenance: tuple[Provenance, ...]
     stats: GenerationStats
-    stop_reason: str  # "eos" | "length" | "stopped"
+    stop_reason: str  # "eos" | "length" (the token limit) | "context" (the context is full) | "stopped"
     dropped_turns: int = 0
     extra: dict = field(default_factory=dict)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 from collections.abc import Iterator
 from functools import cache
 
@@ -42,9 +43,12 @@ def _glibc() -> ctypes.CDLL | None:
 
 def limit_arenas() -> bool:
     """Cap the number of arenas; call it first thing, before other threads start allocating
-    (arenas made before the call stay). True where the cap took effect."""
+    (arenas made before the call stay). True where the cap took effect; a MALLOC_ARENA_MAX
+    the user set is left to glibc."""
     libc = _glibc()
-    return bool(libc is not None and libc.mallopt(M_ARENA_MAX, ARENAS))
+    if libc is None or "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    return bool(libc.mallopt(M_ARENA_MAX, ARENAS))
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from . import heap, methods
-from .chat_prompt import Message, build_prompt
+from .chat_prompt import Message, build_prompt, reply_to_continue
 from .compat import check_pair_compatible
 from .config import ConfigError, DecodeSettings, PairConfig
 from .detokenize import IncrementalDetokenizer, text_after
@@ -238,7 +238,7 @@ class Generation:
         stats = streamed.stats.snapshot()
         stats.elapsed_s = time.perf_counter() - streamed.started
         return Finished(
-            text=self.pair.tokenizer.decode(streamed.reply, skip_special_tokens=True),
+            text=text_after(self.pair.tokenizer, streamed.context_ids, streamed.reply),
             token_ids=tuple(streamed.reply),
             provenance=tuple(streamed.provenance),
             stats=stats,
@@ -254,6 +254,7 @@ class Generation:
         try:
             yield from self._run()
         except OUT_OF_MEMORY_ERRORS as error:
+            heap.trim()  # what the failed round allocated goes back before the user tries again
             where = "The machine" if isinstance(error, MemoryError) else "The GPU"
             raise OutOfMemoryError(
                 f"{where} ran out of memory while generating. Try a shorter conversation, "
@@ -277,7 +278,7 @@ class Generation:
         sampler = Sampler(settings.temperature, settings.top_k, settings.top_p, _generator(settings.seed))
         stats = GenerationStats(method=settings.method, prompt_tokens=len(prompt.token_ids), exact=settings.exact)
         # A reply being continued: its last tokens are the context its new text follows.
-        carried_on = self.messages[-1].content if self.messages[-1].role == "assistant" else None
+        carried_on = reply_to_continue(self.messages)
         context_ids = list(pair.tokenizer.encode(carried_on, add_special_tokens=False))[-CONTEXT_TOKENS:] if carried_on else []
         detokenizer = IncrementalDetokenizer(pair.tokenizer, context_ids)
         context = list(prompt.token_ids)
@@ -285,7 +286,7 @@ class Generation:
         provenance: list[Provenance] = []
         started = last_stats = time.perf_counter()
         stop_reason = "length"
-        self._streamed = _Streamed(reply, provenance, stats, started, prompt.dropped_messages)  # shares the lists
+        self._streamed = _Streamed(reply, provenance, stats, started, prompt.dropped_messages, context_ids)  # shares the lists
         yield from self._read_prompt(context, [pair.target_runner, *drafter.runtimes])
 
         while len(reply) < settings.max_new_tokens:
@@ -294,7 +295,8 @@ class Generation:
                 break
             room = pair.context_length - len(context) - 1
             if room < 1:
-                break  # the context is full: stop with "length"
+                stop_reason = "context"  # full: Continue could not add to it
+                break
             outcome = play_round(pair.target_runner, drafter, verify, context, room - 1, sampler)
             tokens, kinds, hit_stop = self._trim(outcome, settings.max_new_tokens - len(reply))
             _count_round(stats, outcome)
@@ -373,6 +375,7 @@ class _Streamed:
     stats: GenerationStats
     started: float
     dropped_turns: int
+    context_ids: list[int]  # a continued reply's last tokens, which its text is decoded after
 
 
 def _count_round(stats: GenerationStats, outcome: RoundOutcome) -> None:
@@ -421,12 +424,21 @@ def _generator(seed: int | None) -> torch.Generator:
 
 def load_pair(config: PairConfig, progress: ProgressCallback | None = None) -> LoadedPair:
     """Load the target and the draft of `config`, and check that they can work together."""
-    with heap.loading():
-        return _load_pair(config, progress)
-
-
-def _load_pair(config: PairConfig, progress: ProgressCallback | None) -> LoadedPair:
     report = progress or (lambda message, fraction: None)
+    with heap.loading():  # what outlives the load; warming up and measuring run as replies do
+        pair = _open_pair(config, progress, report)
+    for runner in (pair.target_runner, pair.draft_runner):
+        if runner is not None and runner.warm_up_message:
+            report(runner.warm_up_message, None)
+            runner.warm_up()
+    if pair.auto_tree_shapes:
+        report("Measuring what verifying a token tree costs on this device…", None)
+        pair.calibrate_trees()
+    report("Ready", 1.0)
+    return pair
+
+
+def _open_pair(config: PairConfig, progress: ProgressCallback | None, report: ProgressCallback) -> LoadedPair:
     report(f"Loading target {config.target.source}…", None)
     target = load_model(config.target, progress, runtime=config.runtime)
     draft = None
@@ -438,13 +450,4 @@ def _load_pair(config: PairConfig, progress: ProgressCallback | None) -> LoadedP
     if config.eagle is not None:
         report(f"Loading EAGLE-3 head {config.eagle}…", None)
         eagle = load_eagle_head(config.eagle, target)
-    pair = LoadedPair(config, target, draft, eagle)
-    for runner in (pair.target_runner, pair.draft_runner):
-        if runner is not None and runner.warm_up_message:
-            report(runner.warm_up_message, None)
-            runner.warm_up()
-    if pair.auto_tree_shapes:
-        report("Measuring what verifying a token tree costs on this device…", None)
-        pair.calibrate_trees()
-    report("Ready", 1.0)
-    return pair
+    return LoadedPair(config, target, draft, eagle)

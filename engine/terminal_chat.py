@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import TextIO
 
-from .chat_prompt import Message
+from .chat_prompt import Message, reply_to_continue
 from . import methods
 from .config import ConfigError, DecodeSettings
 from .errors import TandemError
@@ -203,12 +203,13 @@ class TerminalChat:
     def _continue(self, status: StatusLine) -> None:
         """`/continue`: the model carries on the last reply where the token limit stopped it;
         what it writes is added to that reply in the conversation."""
-        if not self.history or self.history[-1].role != "assistant":
+        carried_on = reply_to_continue(self.history)
+        if carried_on is None:
             self.out.write("(there is no reply to continue)\n")
             return
-        self._write_reply(self.history, status, self.history[-1])
+        self._write_reply(self.history, status, carried_on)
 
-    def _write_reply(self, messages: list[Message], status: StatusLine, carried_on: Message | None = None) -> None:
+    def _write_reply(self, messages: list[Message], status: StatusLine, carried_on: str | None = None) -> None:
         generation = self.pair.generate(messages, self.settings, self.system_prompt)
         self.out.write("tandem> " + ("… " if carried_on is not None else ""))
         finished = None
@@ -238,7 +239,7 @@ class TerminalChat:
         if finished.stop_reason == "stopped":
             self.out.write("[stopped]\n")
         if carried_on is not None:
-            self.history = messages[:-1] + [Message("assistant", carried_on.content + finished.text)]
+            self.history = messages[:-1] + [Message("assistant", carried_on + finished.text)]
         elif finished.token_ids:
             self.history = messages + [Message("assistant", finished.text)]
         else:

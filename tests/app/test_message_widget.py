@@ -94,3 +94,34 @@ def test_a_failed_continue_keeps_the_reply_as_it_was(ready_window, qtbot):
     assert reply.content == "one two three" and reply.status == COMPLETE and reply.figures
     assert "out of memory" in window.pane.banner.text.lower()
     qtbot.waitUntil(lambda: last_reply(window).continue_button.isVisible(), timeout=5000)  # and can be tried again
+
+
+def test_a_continue_stopped_before_it_wrote_anything_leaves_the_reply_to_continue_again(ready_window, qtbot):
+    engine = FakeEngine(reply="one two three four five six", reading_chunks=3, token_delay_s=0.2)
+    window = ready_window(engine)
+    window.set_decoding(DecodeSettings(method="chain", max_new_tokens=3))
+    send_and_wait(qtbot, window, "Count")
+    reply = last_reply(window)
+    with qtbot.waitSignal(window.client.finished, timeout=10000):
+        reply.continue_button.click()
+        window.controller.stop()  # while the prompt is read, before any text
+    saved = stored_reply(window)
+    assert saved.content == "one two three" and saved.status == COMPLETE and saved.figures["stop_reason"] == "length"
+    assert reply.limit_notice.isVisible() and reply.continue_button.isVisible()
+
+
+def test_a_reply_cut_inside_a_character_is_continued_from_before_it(ready_window, qtbot):
+    """The limit can cut a character's bytes: the reply then ends in U+FFFD, which the model
+    is not shown; it writes the character again."""
+    engine = FakeEngine(reply="one two three four")
+    window = ready_window(engine)
+    window.set_decoding(DecodeSettings(method="chain", max_new_tokens=2))
+    send_and_wait(qtbot, window, "Count")
+    message = stored_reply(window)
+    window.store.finish_reply(message.id, "one two\ufffd", message.provenance, message.figures, message.status)
+    window.controller.open_conversation(window.controller.conversation_id)
+    with qtbot.waitSignal(window.client.finished, timeout=5000):
+        last_reply(window).continue_button.click()
+    asked = engine.requests[-1][0]
+    assert asked[-1].content == "one two\ufffd"  # the engine drops it (chat_prompt.reply_to_continue)
+    assert "\ufffd" not in stored_reply(window).content

@@ -227,3 +227,19 @@ def test_an_exact_reply_continued_by_sprinter_is_marked_approximate(make_window,
     assert engine.requests[-1][1].method == "sprinter"
     assert reply.badge.isVisibleTo(reply) and reply.badge.text() == "approximate — SPRINTER"
     assert window.store.messages(window.controller.conversation_id)[-1].verifier == "sprinter"
+
+
+def test_a_failed_sprinter_continue_leaves_an_exact_reply_exact(make_window, qtbot):
+    engine = FakeEngine(heads=True, reply="one two three four five six seven eight")
+    window = make_window(engine)
+    qtbot.waitUntil(lambda: window.client.pair is not None, timeout=5000)
+    window.set_decoding(DecodeSettings(method="chain", max_new_tokens=3))
+    send_and_wait(qtbot, window, "Count")
+    choose_sprinter(window)
+    engine.fail_after_tokens = 0
+    reply = last_reply(window)
+    with qtbot.waitSignal(window.client.errored, timeout=5000):
+        reply.continue_button.click()
+    saved = window.store.messages(window.controller.conversation_id)[-1]
+    assert saved.verifier == "exact" and saved.content == "one two three"
+    assert not reply.badge.isVisibleTo(reply)

@@ -119,3 +119,21 @@ def test_demo_chat_template(demo_target_folder):
     assert tokenizer.decode(prompt.token_ids) == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+def test_a_character_cut_by_the_limit_is_left_for_the_model_to_write_again(tokenizer):
+    prompt = build_prompt(tokenizer, [Message("user", "q1"), Message("assistant", "a1\ufffd\ufffd")], None, max_prompt_tokens=100)
+
+    assert text_of(tokenizer, prompt.token_ids).endswith("<s> assistant a1")
+
+
+def test_a_reply_too_long_to_continue_says_so_and_what_to_do(tokenizer):
+    with pytest.raises(ContextOverflowError, match="cannot be continued.*Regenerate"):
+        build_prompt(tokenizer, [Message("user", "q1"), Message("assistant", "a1 a2 a1 a2 a1 a2")], None, max_prompt_tokens=8)
+
+
+def test_a_system_message_after_the_reply_still_continues_it(tokenizer):
+    messages = [Message("user", "q1"), Message("assistant", "a1"), Message("system", "brief")]
+    prompt = build_prompt(tokenizer, messages, None, max_prompt_tokens=100)
+
+    assert text_of(tokenizer, prompt.token_ids) == "<s> system brief </s> <s> user q1 </s> <s> assistant a1"

@@ -105,7 +105,7 @@ def test_old_turns_are_dropped_and_reported(tiny_pair):
 
 def test_generation_stops_at_the_end_of_the_context(tiny_pair):
     finished = run(tiny_pair.generate([Message("user", " ".join(WORDS[:20]))], DecodeSettings(max_new_tokens=500)))[-1]
-    assert finished.stop_reason == "length"
+    assert finished.stop_reason == "context"  # not the token limit: Continue is not offered
     assert finished.stats.prompt_tokens + len(finished.token_ids) <= tiny_pair.context_length
 
 
