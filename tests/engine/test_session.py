@@ -296,3 +296,18 @@ def test_a_continued_reply_is_the_reply_that_was_not_cut(tiny_pair):
     rest = run(tiny_pair.generate([*question, Message("assistant", cut.text)], DecodeSettings(method="chain", max_new_tokens=7)))[-1]
     assert cut.token_ids + rest.token_ids == whole.token_ids
     assert cut.text + rest.text == whole.text  # the space between the two parts is kept
+
+
+def test_an_interrupted_continue_keeps_the_space_before_its_text(tiny_pair):
+    """Ctrl-C during a continue: the reply so far plus what result_so_far gives reads as the
+    uncut reply does (the new text decoded after the reply's last tokens)."""
+    question = [Message("user", "w1 w2 w3 w1 w2")]
+    whole = run(tiny_pair.generate(question, DecodeSettings(method="ar", max_new_tokens=12)))[-1]
+    cut = run(tiny_pair.generate(question, DecodeSettings(method="ar", max_new_tokens=5)))[-1]
+    interrupt_target_call(tiny_pair, 5)  # four more tokens, then Ctrl-C
+    generation = tiny_pair.generate([*question, Message("assistant", cut.text)], DecodeSettings(method="ar", max_new_tokens=7))
+    with pytest.raises(KeyboardInterrupt):
+        list(generation)
+    rest = generation.result_so_far()
+    assert len(rest.token_ids) == 4
+    assert whole.text.startswith(cut.text + rest.text)

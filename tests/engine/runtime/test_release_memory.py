@@ -114,3 +114,10 @@ def test_a_pair_loads_into_blocks_of_their_own_and_replies_run_in_the_heap():
     root = Path(__file__).resolve().parents[3]
     output = subprocess.run([sys.executable, "-c", MAPPED_BLOCKS], cwd=root, capture_output=True, text=True, check=True).stdout
     assert output.split() == ["1", "0"]
+
+
+def test_an_arena_cap_the_user_set_is_left_to_glibc(monkeypatch):
+    from engine import heap
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert heap.limit_arenas() is False
