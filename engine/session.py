@@ -434,6 +434,7 @@ def load_pair(config: PairConfig, progress: ProgressCallback | None = None) -> L
     if pair.auto_tree_shapes:
         report("Measuring what verifying a token tree costs on this device…", None)
         pair.calibrate_trees()
+    heap.trim()  # the measurement's freed logits (up to a 128-node tree's) go back now
     report("Ready", 1.0)
     return pair
 
