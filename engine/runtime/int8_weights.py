@@ -1,5 +1,6 @@
 """Weight-only int8 for torch models: 8-bit weights with one scale per output channel,
-dequantised inside each matmul, activations left in bf16.
+dequantised inside each matmul (on the CPU by torch's fused int8 kernel), activations left
+in bf16.
 
 Why not bitsandbytes: its LLM.int8 layers cannot be captured in a CUDA graph and were the
 slowest mode measured on an H100 (docs/BENCHMARKS.md). These layers are plain tensor ops,
@@ -30,6 +31,9 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight", weight)
         self.register_buffer("scale", scale)
         self.bias = bias
+        # The fused kernel below takes a scale per row in the activations' dtype; it gets
+        # ones, and the float32 scale is applied after, as on the other path.
+        self.register_buffer("unit_scale", torch.ones(weight.shape[0], dtype=torch.bfloat16, device=weight.device), persistent=False)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
@@ -41,8 +45,17 @@ class Int8Linear(nn.Module):
         return self.weight.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type == "cpu" and x.dtype == torch.bfloat16:
+            # The fused int8 matmul reads the int8 weight as it is, where F.linear below first
+            # copies it to bf16: the demo target's forward 19.8 ms against 59.3 on the 2-core
+            # CPU (docs/BENCHMARKS.md, the torch.compile probe). Both give the bf16 product of
+            # x and the int8 rows.
+            flat = x.reshape(-1, x.shape[-1]).contiguous()
+            product = torch._weight_int8pack_mm(flat, self.weight, self.unit_scale).reshape(*x.shape[:-1], -1)
+        else:
+            product = F.linear(x, self.weight.to(x.dtype))
         # Scaled (and biased) in float32, then rounded once to the activations' dtype.
-        out = F.linear(x, self.weight.to(x.dtype)) * self.scale  # (..., out) float32
+        out = product * self.scale  # (..., out) float32
         if self.bias is not None:
             out = out + self.bias
         return out.to(x.dtype)
