@@ -213,12 +213,18 @@ def test_a_sprinter_reply_cut_short_by_closing_the_app_stays_marked(make_window,
     assert last_reply(again).badge.isVisibleTo(last_reply(again))
 
 
-def test_an_exact_reply_continued_by_sprinter_is_marked_approximate(make_window, qtbot):
+def exact_reply_cut_at_the_limit(make_window, qtbot):
+    """A window whose pair has heads, holding one exact reply that stopped at a 3-token limit."""
     engine = FakeEngine(heads=True, reply="one two three four five six seven eight")
     window = make_window(engine)
     qtbot.waitUntil(lambda: window.client.pair is not None, timeout=5000)
     window.set_decoding(DecodeSettings(method="chain", max_new_tokens=3))
     send_and_wait(qtbot, window, "Count")
+    return engine, window
+
+
+def test_an_exact_reply_continued_by_sprinter_is_marked_approximate(make_window, qtbot):
+    engine, window = exact_reply_cut_at_the_limit(make_window, qtbot)
     reply = last_reply(window)
     assert not reply.badge.isVisibleTo(reply)
     choose_sprinter(window)
@@ -230,11 +236,7 @@ def test_an_exact_reply_continued_by_sprinter_is_marked_approximate(make_window,
 
 
 def test_a_failed_sprinter_continue_leaves_an_exact_reply_exact(make_window, qtbot):
-    engine = FakeEngine(heads=True, reply="one two three four five six seven eight")
-    window = make_window(engine)
-    qtbot.waitUntil(lambda: window.client.pair is not None, timeout=5000)
-    window.set_decoding(DecodeSettings(method="chain", max_new_tokens=3))
-    send_and_wait(qtbot, window, "Count")
+    engine, window = exact_reply_cut_at_the_limit(make_window, qtbot)
     choose_sprinter(window)
     engine.fail_after_tokens = 0
     reply = last_reply(window)
