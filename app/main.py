@@ -9,7 +9,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
-from engine import heap
+from engine import heap, paths
 from engine.paths import data_dir
 
 from .main_window import MainWindow
@@ -25,6 +25,7 @@ ICON = Path(__file__).resolve().parent.parent / "resources" / "icons" / "tandem.
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     heap.limit_arenas()  # before the engine thread starts (engine/heap.py)
+    paths.keep_compiled_kernels()  # before anything asks inductor for its folder
     # Offline by default: the hub may only be contacted when the user asks for a download.
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     app = QApplication.instance()

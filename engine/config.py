@@ -93,6 +93,9 @@ class PairConfig:
     ngram: NgramSettings = field(default_factory=NgramSettings)
     runtime: str = "auto"
     eagle: str | None = None
+    # torch models on the CPU: compile the forward in the background (TANDEM_COMPILE=0 turns
+    # it off for every pair). Harmless elsewhere: llama.cpp and CUDA graphs ignore it.
+    compile: bool = True
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
@@ -119,6 +122,7 @@ class PairConfig:
                 ngram=NgramSettings(**data.get("ngram", {})),
                 runtime=data.get("runtime", "auto"),
                 eagle=data.get("eagle") or None,
+                compile=bool(data.get("compile", True)),
             )
         except (KeyError, TypeError) as error:
             raise ConfigError(f"malformed pair description: {error}") from error

@@ -72,6 +72,7 @@ class LoadedModel:
     runtime: str = "torch"
     gpu_layers: int = 0  # llama.cpp: how many layers it offloaded to a GPU (-1: all)
     runtime_factory: RuntimeFactory | None = None  # a fresh runtime; torch's over `model` by default
+    compile: bool = False  # torch on the CPU: compile the forward in the background (runtime/compiled_forward.py)
     extra_stop_ids: frozenset[int] = frozenset()  # end-of-turn ids the weights' own metadata names
     release: Callable[[], None] | None = None  # frees what the garbage collector cannot see
     vocabulary: ReducedVocabulary | None = None  # a draft that knows part of the tokenizer's vocabulary
@@ -86,7 +87,7 @@ class LoadedModel:
         if self.runtime_factory is None:
             from .runtime.torch_load import torch_runtime_factory  # transformers' model classes: torch pairs only
 
-            self.runtime_factory = torch_runtime_factory(self.model, self.device, self.context_length)
+            self.runtime_factory = torch_runtime_factory(self.model, self.device, self.context_length, self.compile)
         if self.model is not None and not self.hidden_size:
             config = self.model.config
             self.hidden_size, self.layer_count, self.vocab_size = config.hidden_size, config.num_hidden_layers, config.vocab_size
@@ -113,11 +114,13 @@ class LoadedModel:
 
 
 def load_model(
-    spec: ModelSpec, progress: ProgressCallback | None = None, as_draft: bool = False, runtime: str = "auto"
+    spec: ModelSpec, progress: ProgressCallback | None = None, as_draft: bool = False, runtime: str = "auto",
+    compile: bool = False,
 ) -> LoadedModel:
     """Load the model `spec` describes, converting or finding its files first as needed, on
     the runtime `runtime` asks for ("auto": llama.cpp where the model has a GGUF file and
-    llama-cpp-python is installed). `as_draft` only changes what precision "auto" means."""
+    llama-cpp-python is installed). `as_draft` only changes what precision "auto" means;
+    `compile` lets a torch model on the CPU be compiled in the background once it runs."""
     report = progress or _ignore_progress
     check_model_files(spec)  # a broken download is refused in a sentence, before a reader trips on it
     gguf = runtime_gguf(spec, runtime)
@@ -135,7 +138,8 @@ def load_model(
     model = load_torch_weights(folder, device, precision)
     context_length = _context_length(model.config)
     return LoadedModel(
-        runtime=torch_runtime_name(model, device),
+        runtime=torch_runtime_name(model, device, compile),
+        compile=compile,
         model=model,
         tokenizer=tokenizer,
         device=device,

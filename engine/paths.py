@@ -6,6 +6,7 @@ Setting `TANDEM_HOME` puts cache, data and config under that one folder, which i
 from __future__ import annotations
 
 import os
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import platformdirs
@@ -27,6 +28,18 @@ def data_dir() -> Path:
 def config_dir() -> Path:
     """Settings."""
     return _ensure(locations()["config"])
+
+
+def keep_compiled_kernels() -> None:
+    """Point torch.compile's kernel cache (inductor's TORCHINDUCTOR_CACHE_DIR) into Tandem's
+    cache, one folder per torch version, unless the user chose a folder. Called first thing
+    in a process: inductor fixes its folder the first time anything asks for it, and a
+    compile in a temporary folder is lost at the next reboot."""
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        return
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(locations()["cache"] / "compiled" / f"torch-{torch_version}"))
 
 
 def locations() -> dict[str, Path]:

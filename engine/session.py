@@ -156,15 +156,50 @@ class LoadedPair:
 
     @property
     def runtime_label(self) -> str:
-        """Which runtime runs the pair, e.g. "llama.cpp" or "llama.cpp + torch (draft)"."""
-        if self.draft is None or self.draft.runtime == self.target.runtime:
-            return self.target.runtime
-        return f"{self.target.runtime} + {self.draft.runtime} (draft)"
+        """Which runtime runs the pair, e.g. "llama.cpp" or "llama.cpp + torch (draft)", and
+        what background work means for it now ("torch (static cache), compiled")."""
+        target = _with_note(self.target.runtime, self.target_runner.background_note)
+        if self.draft is None:
+            return target
+        draft = _with_note(self.draft.runtime, self.draft_runner.background_note if self.draft_runner is not None else None)
+        return target if draft == target else f"{target} + {draft} (draft)"
 
-    def calibrate_trees(self) -> None:
-        """Measure once what verifying n tree tokens costs this target on this device, for
-        every automatic tree shape, so that no reply waits for it before its first token."""
-        if not self.auto_tree_shapes or all(shape.calibrated for shape in self.auto_tree_shapes.values()):
+    def start_background_work(self) -> None:
+        """Start what makes the runtimes faster later (a compile); replies run meanwhile."""
+        for runner in self._runners():
+            runner.start_background_work()
+
+    def when_background_work_changes(self, listener: Callable[[], None]) -> None:
+        """Call `listener()`, on another thread, whenever a runtime's background work ends."""
+        for runner in self._runners():
+            runner.when_background_work_changes(listener)
+
+    @property
+    def has_background_work(self) -> bool:
+        """Whether a runtime does (or did) work in the background: compiling its forward."""
+        return any(runner.background_note is not None for runner in self._runners())
+
+    def wait_for_background_work(self) -> None:
+        """Start the background work and block until it has ended (the bench times the
+        compiled runtime, not the compile)."""
+        self.start_background_work()
+        for runner in self._runners():
+            ended = threading.Event()
+            runner.when_background_work_changes(ended.set)
+            if runner.background_note is not None:
+                ended.wait()
+        if self.has_background_work:
+            self.after_background_work()
+
+    def after_background_work(self) -> None:
+        """Measure again what the background work changed: the tree verify costs measured at
+        load were the uncompiled forward's. Call it on the thread that runs replies."""
+        self.calibrate_trees(again=True)
+
+    def calibrate_trees(self, again: bool = False) -> None:
+        """Measure once (or `again`) what verifying n tree tokens costs this target on this
+        device, for every automatic tree shape, so that no reply waits for it before its first token."""
+        if not self.auto_tree_shapes or (not again and all(shape.calibrated for shape in self.auto_tree_shapes.values())):
             return
         probe = build_prompt(self.tokenizer, [Message("user", "Hello!")], None, self.context_length).token_ids
         first, *others = self.auto_tree_shapes.values()
@@ -396,6 +431,10 @@ def _count_round(stats: GenerationStats, outcome: RoundOutcome) -> None:
         stats.record_round(outcome.proposed, outcome.accepted)
 
 
+def _with_note(runtime: str, note: str | None) -> str:
+    return runtime if note is None else f"{runtime}, {note}"
+
+
 def _pair_key(config: PairConfig, target: LoadedModel) -> str:
     return json.dumps(config.to_dict(), sort_keys=True) + f"|{target.runtime}|{target.precision}"
 
@@ -435,17 +474,19 @@ def load_pair(config: PairConfig, progress: ProgressCallback | None = None) -> L
         report("Measuring what verifying a token tree costs on this device…", None)
         pair.calibrate_trees()
     heap.trim()  # the measurement's freed logits (up to a 128-node tree's) go back now
+    # After the measurement, which would otherwise time forwards slowed by the compile.
+    pair.start_background_work()
     report("Ready", 1.0)
     return pair
 
 
 def _open_pair(config: PairConfig, progress: ProgressCallback | None, report: ProgressCallback) -> LoadedPair:
     report(f"Loading target {config.target.source}…", None)
-    target = load_model(config.target, progress, runtime=config.runtime)
+    target = load_model(config.target, progress, runtime=config.runtime, compile=config.compile)
     draft = None
     if config.draft is not None:
         report(f"Loading draft {config.draft.source}…", None)
-        draft = load_model(config.draft, progress, as_draft=True, runtime=config.runtime)
+        draft = load_model(config.draft, progress, as_draft=True, runtime=config.runtime, compile=config.compile)
         check_pair_compatible(target.tokenizer, draft.tokenizer)
     eagle = None
     if config.eagle is not None:

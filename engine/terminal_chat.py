@@ -14,6 +14,7 @@ import contextlib
 import os
 import shutil
 import sys
+import threading
 from collections.abc import Callable
 from typing import TextIO
 
@@ -146,11 +147,16 @@ class TerminalChat:
         self.last_stats: GenerationStats | None = None
         # What `/verifier exact` goes back to: the last exact method in use.
         self.exact_method = settings.method if settings.exact else methods.default_method(pair.methods)
+        # Set on the compile's thread when a runtime's background compile ends; the chat's own
+        # thread then measures again what it changed, before the next reply.
+        self.background_work_ended = threading.Event()
+        if pair.has_background_work:
+            pair.when_background_work_changes(self.background_work_ended.set)
 
     def run(self) -> int:
         described = self.pair.describe()
         self.out.write(f"Tandem · {described['target']} drafted by {described['draft']} on {described['device']} "
-                       f"({described['precision']}), temperature {temperature_label(self.settings.temperature)}. "
+                       f"({described['precision']}, {described['runtime']}), temperature {temperature_label(self.settings.temperature)}. "
                        "/help for commands and messages of several lines.\n")
         refusal = method_refusal(self.pair, self.settings.method)
         if refusal:
@@ -209,7 +215,15 @@ class TerminalChat:
             return
         self._write_reply(self.history, status, carried_on)
 
+    def _after_background_work(self) -> None:
+        """Once a runtime's background compile has ended: measure again, and say what changed."""
+        if self.background_work_ended.is_set():
+            self.background_work_ended.clear()
+            self.pair.after_background_work()
+            self.out.write(f"[runtime: {self.pair.runtime_label}]\n")
+
     def _write_reply(self, messages: list[Message], status: StatusLine, carried_on: str | None = None) -> None:
+        self._after_background_work()
         generation = self.pair.generate(messages, self.settings, self.system_prompt)
         self.out.write("tandem> " + ("… " if carried_on is not None else ""))
         finished = None

@@ -18,6 +18,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # huggingface_hub reads this once, when it is imported while tests are being collected,
     # which is before any fixture runs.
     os.environ["HF_HUB_OFFLINE"] = "1"
+    # Torch pairs on the CPU compile in the background by default, minutes of both cores for
+    # the demo target: only the tests of compiling turn it on (tests/engine/runtime/test_compiled_forward.py).
+    os.environ["TANDEM_COMPILE"] = "0"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -29,6 +32,8 @@ def tandem_home_for_session(tmp_path_factory: pytest.TempPathFactory) -> Iterato
         return
     home = tmp_path_factory.mktemp("tandem-home")
     os.environ["TANDEM_HOME"] = str(home)
+    # inductor's compiled kernels too, so every run compiles from scratch as a user's first does
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(home / "inductor")
     yield home
     del os.environ["TANDEM_HOME"]
     # The converted demo model is half a gigabyte; pytest would keep three sessions of it.

@@ -16,6 +16,7 @@ those layers (what an EAGLE-3 head drafts from): `features`, compacted with the 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 
@@ -167,6 +168,16 @@ class ModelRuntime(ABC):
     def warm_up(self) -> None:
         """Do once, while a pair loads, the work that would otherwise slow the first reply
         (capturing CUDA graphs, say)."""
+
+    def start_background_work(self) -> None:
+        """Start, once the pair is ready, work that makes the runtime faster later without
+        holding up a reply (compiling its forward, say); the runtime runs meanwhile."""
+
+    def when_background_work_changes(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` (on any thread) when that work ends; never, if there is none."""
+
+    #: what that work means for the user now ("compiling in the background", "compiled"), or None
+    background_note: str | None = None
 
     def reset(self) -> None:
         self._clear()

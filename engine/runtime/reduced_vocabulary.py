@@ -144,5 +144,15 @@ class ReducedVocabularyRuntime(ModelRuntime):
     def warm_up(self) -> None:
         self.inner.warm_up()
 
+    def start_background_work(self) -> None:
+        self.inner.start_background_work()
+
+    def when_background_work_changes(self, listener) -> None:
+        self.inner.when_background_work_changes(listener)
+
+    @property
+    def background_note(self) -> str | None:
+        return self.inner.background_note
+
     def close(self) -> None:
         self.inner.close()

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
 from ..errors import ModelLoadError, OutOfMemoryError
 from .base import ModelRuntime
+from .compiled_forward import compile_allowed
 from .int8_weights import quantise_weight_only
 from .model_reading import READ_ERRORS, without_progress_bars
 from .static_families import static_refusal
@@ -100,8 +101,18 @@ def captures_graphs(model: PreTrainedModel, device: torch.device) -> bool:
     return wants_graphs(device) and runs_static(model)
 
 
-def torch_runtime_name(model: PreTrainedModel, device: torch.device) -> str:
-    """What the user is shown: where graphs were wanted but the model cannot have them, why."""
+def compiles_on_cpu(model: PreTrainedModel, device: torch.device, compile: bool) -> bool:
+    """On the CPU, a model the static runtime can run is compiled in the background when the
+    pair allows it (compiled_forward.py); TANDEM_COMPILE=0 keeps the eager runtime."""
+    return device.type == "cpu" and compile_allowed(compile) and runs_static(model)
+
+
+def torch_runtime_name(model: PreTrainedModel, device: torch.device, compile: bool = False) -> str:
+    """What the user is shown: where graphs or a compile were wanted but the model cannot
+    have them, why."""
+    if device.type == "cpu" and compile_allowed(compile):
+        refusal = static_refusal(model)
+        return "torch (static cache)" if refusal is None else f"torch (not compiled: {refusal})"
     if not wants_graphs(device):
         return "torch"
     refusal = static_refusal(model)
@@ -109,15 +120,19 @@ def torch_runtime_name(model: PreTrainedModel, device: torch.device) -> str:
 
 
 def torch_runtime_factory(
-    model: PreTrainedModel, device: torch.device, context_length: int
+    model: PreTrainedModel, device: torch.device, context_length: int, compile: bool = False
 ) -> Callable[[bool, tuple[int, ...]], ModelRuntime]:
-    """(hidden_states, feature_layers) -> a fresh runtime over `model`: the static,
-    graph-captured one where it can run, the eager one elsewhere."""
+    """(hidden_states, feature_layers) -> a fresh runtime over `model`: the static one where
+    it can run (graph-captured on CUDA, compiled in the background on the CPU when `compile`),
+    the eager one elsewhere."""
+    compiling = compiles_on_cpu(model, device, compile)
+    static = compiling or captures_graphs(model, device)
 
     def open_runtime(hidden_states: bool, feature_layers: tuple[int, ...] = ()) -> ModelRuntime:
-        if captures_graphs(model, device):
+        if static:
             return StaticTorchRuntime(
-                model, device, context_length + STATIC_CACHE_SPARE_ROWS, hidden_states=hidden_states, feature_layers=feature_layers
+                model, device, context_length + STATIC_CACHE_SPARE_ROWS, hidden_states=hidden_states, feature_layers=feature_layers,
+                compile=compiling,
             )
         return TorchRuntime(model, device, hidden_states=hidden_states, feature_layers=feature_layers)
 

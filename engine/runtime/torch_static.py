@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import ModelRuntime
+from .compiled_forward import BackgroundCompile, shared_compile
 from .static_families import recipe_for, rotary_function, static_refusal
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -199,12 +200,14 @@ def _attend(query, keys, values, mask, scale, cap=None):
 class StaticTorchRuntime(ModelRuntime):
     """A torch model over a static KV cache; on CUDA each (token bucket, key window) forward
     is a CUDA graph (`graphs=False` runs the same static forward eagerly: the CPU tests
-    check it against the eager runtime). Opened with `hidden_states`, it keeps the final-norm
-    hidden states of the rows it returned logits for, a second output of the same graph."""
+    check it against the eager runtime). Without graphs, `compile` has torch.compile compile
+    the forward in the background (compiled_forward.py) once `start_background_work` is
+    called. Opened with `hidden_states`, it keeps the final-norm hidden states of the rows it
+    returned logits for, a second output of the same graph."""
 
     def __init__(
         self, model: torch.nn.Module, device: torch.device, capacity: int, graphs: bool | None = None, hidden_states: bool = False,
-        feature_layers: tuple[int, ...] = (),
+        feature_layers: tuple[int, ...] = (), compile: bool = False,
     ):
         super().__init__(model.get_output_embeddings().weight.shape[0])
         self.device = device
@@ -228,6 +231,19 @@ class StaticTorchRuntime(ModelRuntime):
         self.graphs: dict[tuple[int, int], Captured] = {}  # by (token bucket, key window)
         self.pool = None  # the memory pool the graphs share (they never run at once), made at the first capture
         self.graphs_failure: str | None = None  # why graphs were given up, when they were
+        self.compiler = self._shared_compile(model, rows) if compile and not self.graphs_enabled else None
+
+    def _shared_compile(self, model: torch.nn.Module, rows: int) -> BackgroundCompile:
+        def make() -> BackgroundCompile:
+            # The step first, then an 8-token verify (the graph every count but one shares),
+            # then every other shape, each a guard check away from those two.
+            shapes = [(bucket, window) for window in self.windows for bucket in BUCKETS]
+            shapes.sort(key=lambda shape: (shape != (1, self.windows[0]), shape != (8, self.windows[0])))
+            with torch.inference_mode():  # inference tensors as the runtime's are: dynamo guards on the difference
+                buffers = tuple(torch.zeros_like(buffer) for buffer in (self.ids, self.positions, self.rows, self.visible))
+            return BackgroundCompile(self.forward_pass, buffers, shapes)
+
+        return shared_compile(model, (self.feature_layers, rows), make)
 
     # ModelRuntime
 
@@ -331,9 +347,18 @@ class StaticTorchRuntime(ModelRuntime):
         return self.forward_pass(self.ids[:bucket], self.positions[:bucket], self.rows[:bucket], self.visible[:bucket, :window])
 
     def _outputs(self, bucket: int, window: int) -> Outputs:
-        """The forward over the inputs in the buffers: its graph replayed, or run eagerly."""
+        """The forward over the inputs in the buffers: its graph replayed, compiled, or run eagerly."""
         captured = self._graph(bucket, window) if self.graphs_enabled else None
         if captured is None:
+            compiled = self.compiler.compiled_for((bucket, window)) if self.compiler is not None else None
+            if compiled is not None:
+                inputs = self.ids[:bucket], self.positions[:bucket], self.rows[:bucket], self.visible[:bucket, :window]
+                try:
+                    return compiled(self.forward_pass, *inputs)
+                except Exception as error:  # noqa: BLE001 -- a compiled forward that fails costs speed, not the reply
+                    # It writes the same cache rows as the eager forward below, so running
+                    # that after a failure part-way through leaves the cache as it should be.
+                    self.compiler.give_up(error)
             return self._forward(bucket, window)
         graph, outputs = captured
         graph.replay()
@@ -431,6 +456,18 @@ class StaticTorchRuntime(ModelRuntime):
                 if not self.graphs_enabled:
                     break  # never enabled, or a capture failed and the forwards run eagerly
                 self._graph(bucket, window)
+
+    def start_background_work(self) -> None:
+        if self.compiler is not None:
+            self.compiler.start()
+
+    def when_background_work_changes(self, listener) -> None:
+        if self.compiler is not None:
+            self.compiler.when_finished(listener)
+
+    @property
+    def background_note(self) -> str | None:
+        return self.compiler.note if self.compiler is not None else None
 
     def close(self) -> None:
         """Free the graphs, their memory pool and the cache; the runtime cannot run after."""

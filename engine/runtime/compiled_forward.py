@@ -1,0 +1,166 @@
+"""The static-cache forward under torch.compile, compiled on a background thread while the
+pair already chats on the same forward run eagerly.
+
+Why: on the CPU an eager forward spends most of its time between kernels. The demo target's
+one-token / eight-token static forward on the 2-core development CPU: int8-wo 23.2 / 46.9 ms
+eager, 16.1 / 37.3 compiled; fp32 30.1 / 57.2 against 26.1 / 48.3 (docs/BENCHMARKS.md). But a
+compile takes minutes there (about 160 s for the demo target the first time, 53 s once the
+kernels are in the disk cache), far too long to make a user wait before the first reply.
+
+How:
+- `torch.compile(dynamic=True)` gives two graphs: one token (dynamo specialises sizes 0 and
+  1), and every other token count and key window.
+- A thread runs one padding-only forward of every (bucket, key window) shape the runtime
+  uses, through the compiled function, on input buffers of its own. Padding writes only the
+  scratch rows of the cache, which no real token sees, so it can run while a reply does.
+- The runtime calls the compiled function for a shape only once that shape's warm call has
+  returned on the thread, and then in dynamo's run-only mode: no reply waits for a compile,
+  and a shape whose guards miss after all runs eagerly. The compiled and eager forwards give
+  the same logits (tests: fp32 within 1e-4 for every covered family).
+- Dynamo keeps compiled code per Python function, with guards on shapes and dtypes: a runtime
+  opened later over the same model (or another cache of it) finds the graphs compiled, and
+  its warm calls take milliseconds. One compile serves every runtime over the same model,
+  features and cache size (`shared_compile`).
+- Inductor keeps the generated kernels on disk (TORCHINDUCTOR_CACHE_DIR, which
+  `paths.keep_compiled_kernels` points into Tandem's cache folder at start): a later start
+  skips the C++ compilation. A corrupt file
+  there is compiled again by inductor itself (a test corrupts every file).
+- Any failure (no C++ compiler, an operation inductor cannot lower) keeps the eager forward and
+  says why in `note`, which the speed panel shows next to the runtime's name.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Callable
+
+import torch
+
+# What turns compiling off whatever a pair's setting says: TANDEM_COMPILE=0.
+COMPILE_ENVIRONMENT = "TANDEM_COMPILE"
+# The most graphs dynamo keeps per compiled function before it gives up and runs it eagerly
+# (its default is 8). Every model the process loads adds two: a target, a draft, and the
+# pairs a user switches between in one session.
+RECOMPILE_LIMIT = 64
+
+# Shapes: (token bucket, key window); a forward's inputs are the first `bucket` ids,
+# positions and cache rows, and the (bucket, window) corner of the visibility matrix.
+Shape = tuple[int, int]
+
+
+def compile_allowed(setting: bool = True) -> bool:
+    """Whether to compile: the pair's setting, unless TANDEM_COMPILE=0 says no for every pair."""
+    return setting and os.environ.get(COMPILE_ENVIRONMENT, "1") != "0"
+
+
+class BackgroundCompile:
+    """Compiles a static-cache forward for the given shapes on a daemon thread.
+
+    `forward` is a StaticCacheForward; `buffers` are empty tensors shaped like the runtime's
+    input buffers (ids, positions, rows: (widest,); visible: (widest, cache rows)), so the
+    warm calls see the strides the runtime's calls will. `on_change()` is called on the
+    thread when the compile ends, well or not."""
+
+    def __init__(self, forward: Callable, buffers: tuple[torch.Tensor, ...], shapes: list[Shape]):
+        self._forward = forward
+        self._buffers = buffers
+        self._shapes = list(shapes)
+        unbound = type(forward).__call__  # the runtime calls it with its own forward (and cache)
+        self._compile_and_run = torch.compile(unbound, dynamic=True)  # the warm calls: compile what is missing
+        # The runtime's calls only run what is compiled: a shape whose guards miss anyway runs
+        # eagerly rather than compile on the thread a reply waits on.
+        self._compiled = torch._dynamo.run(unbound)
+        self._ready: set[Shape] = set()  # shapes whose warm call has returned
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
+        self._done = threading.Event()
+        self.failure: str | None = None  # why the compile was given up, when it was
+        self._thread = threading.Thread(target=self._compile_every_shape, name="tandem-compile", daemon=True)
+
+    def start(self) -> None:
+        if not self._thread.is_alive() and not self._done.is_set():
+            self._thread.start()
+
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the compile ends (tests, `tandem bench --compile wait`); False on timeout."""
+        return self._done.wait(timeout)
+
+    def when_finished(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` once the compile ends (at once, if it has)."""
+        with self._lock:
+            if not self._done.is_set():
+                self._listeners.append(listener)
+                return
+        listener()
+
+    @property
+    def note(self) -> str:
+        """What the user is shown next to the runtime's name."""
+        if self.failure is not None:
+            return f"not compiled: {self.failure}"
+        return "compiled" if self._done.is_set() else "compiling in the background"
+
+    def compiled_for(self, shape: Shape) -> Callable | None:
+        """forward(self, ids, positions, rows, visible) compiled for `shape`, or None while
+        it is not (yet): the caller runs the eager forward then."""
+        return self._compiled if shape in self._ready else None
+
+    def give_up(self, error: Exception) -> None:
+        """A compiled call failed on the runtime's thread: every shape runs eagerly from now on."""
+        self._ready.clear()
+        self.failure = _reason(error)
+
+    def _compile_every_shape(self) -> None:
+        dynamo = torch._dynamo.config
+        dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
+        # Past the limit dynamo would quietly run the forward uncompiled and say "compiled";
+        # raising instead lets the failure be seen and shown.
+        dynamo.fail_on_recompile_limit_hit = True
+        ids, positions, rows, visible = self._buffers
+        try:
+            with torch.inference_mode():
+                for bucket, window in self._shapes:
+                    # Padding only: token 0 at position 0 in scratch row i, seeing only itself.
+                    rows[:bucket].copy_(torch.arange(bucket))
+                    visible[:bucket].zero_()
+                    visible[:bucket, :bucket].fill_diagonal_(True)
+                    self._compile_and_run(self._forward, ids[:bucket], positions[:bucket], rows[:bucket], visible[:bucket, :window])
+                    self._ready.add((bucket, window))
+        except Exception as error:  # noqa: BLE001 -- whatever stops a compile, the eager forward still works
+            self._ready.clear()
+            self.failure = _reason(error)
+        finally:
+            # The warm calls' forward holds a runtime's whole cache, which may close meanwhile.
+            self._forward = self._buffers = None
+            with self._lock:
+                self._done.set()
+                listeners, self._listeners = self._listeners, []
+            for listener in listeners:
+                listener()
+
+
+def _reason(error: BaseException) -> str:
+    """The first line of what went wrong at the root: dynamo wraps the backend's error in its
+    own, and inductor's messages run to pages."""
+    while (inner := getattr(error, "inner_exception", None) or error.__cause__) is not None:
+        error = inner
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+# One compile per model, its recorded feature layers and its cache rows: the graphs (and the
+# warm shapes) are the same for every runtime opened over them.
+_compiles: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, BackgroundCompile]] = weakref.WeakKeyDictionary()
+
+
+def shared_compile(model: torch.nn.Module, key: tuple, make: Callable[[], BackgroundCompile]) -> BackgroundCompile:
+    """The compile of `model` under `key`, made (not started) by `make` the first time."""
+    by_key = _compiles.setdefault(model, {})
+    if key not in by_key:
+        by_key[key] = make()
+    return by_key[key]

@@ -1,0 +1,218 @@
+"""The static forward compiled by torch.compile in the background (engine/runtime/compiled_forward.py).
+
+Every compile here is real (inductor generates and builds C++), on tiny random models of
+every family the static runtime covers: 20-40 s each on two cores. The reference is the
+eager model, as in test_static_families.py, through the same prompts, trees, kept paths,
+chains and crops.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Phi3Config, Phi3ForCausalLM
+
+from engine.chat_prompt import Message
+from engine.config import DecodeSettings
+from engine.runtime import compiled_forward
+from engine.runtime.torch_load import torch_runtime_factory, torch_runtime_name
+from engine.runtime.torch_static import StaticTorchRuntime
+
+from .test_static_families import FAMILIES, SHAPE, tiny
+from .test_static_families import test_static_logits_equal_the_eager_ones_through_prompts_trees_kept_paths_and_chains as check_static_runtime
+from .test_torch_static import tiny_pair
+
+COMPILE_TIMEOUT_S = 600
+
+
+def compiled(model: torch.nn.Module, capacity: int = 400) -> StaticTorchRuntime:
+    """A static runtime over `model` whose background compile has ended, and succeeded."""
+    runtime = StaticTorchRuntime(model, torch.device("cpu"), capacity, graphs=False, compile=True)
+    assert runtime.background_note == "compiling in the background"
+    runtime.start_background_work()
+    assert runtime.compiler.wait(COMPILE_TIMEOUT_S)
+    assert runtime.background_note == "compiled", runtime.background_note
+    return runtime
+
+
+class CompiledOnly:
+    """Stands in for the runtime's compiled function and fails the test when a call runs
+    anything but a compiled graph: dynamo's run-only mode would quietly run a shape whose
+    guards miss eagerly, and that would pass every logits check."""
+
+    def __init__(self, compiled_function):
+        self.compiled_function = compiled_function
+        self.calls = 0
+
+    def __call__(self, *arguments):
+        with torch.profiler.profile() as profile:
+            result = self.compiled_function(*arguments)
+        names = {event.name for event in profile.events()}
+        assert any(name.startswith("Torch-Compiled Region") for name in names), "the forward ran uncompiled"
+        assert "aten::index_copy_" not in names, "part of the forward ran eagerly"  # the cache write
+        self.calls += 1
+        return result
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_compiled_logits_equal_the_eager_ones_through_prompts_trees_kept_paths_and_chains(monkeypatch, family):
+    """The whole static-runtime check of test_static_families, run on the compiled forward
+    (and only there: the eager forward is taken away)."""
+    model = tiny(family)
+    runtime = compiled(model)
+    counting = CompiledOnly(runtime.compiler._compiled)
+    runtime.compiler._compiled = counting
+    monkeypatch.setattr(runtime, "_forward", lambda *_: pytest.fail("an eager forward ran after the compile"))
+    monkeypatch.setattr(sys.modules[check_static_runtime.__module__], "static", lambda _model: runtime)
+    check_static_runtime(family)
+    assert counting.calls >= 12  # the check's forwards: a chunked prompt, trees, chains, crops
+
+
+def test_replies_run_eagerly_while_the_compile_runs_and_give_the_same_tokens(make_word_tokenizer):
+    """A pair chats at once; a reply before the compile ends and one after give the same greedy tokens."""
+    model = tiny("qwen3", seed=5)
+    pair = tiny_pair(make_word_tokenizer, lambda m: StaticTorchRuntime(m, torch.device("cpu"), 200, graphs=False, compile=True), model=model)
+    compiler = pair.target_runner.compiler
+    settings = DecodeSettings(method="chain", max_new_tokens=30)
+    before = list(pair.generate([Message("user", "w1 w2 w3")], settings))[-1].token_ids
+    assert not compiler.finished  # never started: the reply ran eagerly
+    # The draft here is a second cache of the same model: one compile, one label for both.
+    assert pair.runtime_label == "torch, compiling in the background"
+    pair.wait_for_background_work()
+    assert pair.runtime_label == "torch, compiled"
+    counting = CompiledOnly(compiler._compiled)
+    compiler._compiled = counting
+    pair.reset_caches()
+    after = list(pair.generate([Message("user", "w1 w2 w3")], settings))[-1].token_ids
+    assert counting.calls > 0
+    assert after == before
+
+
+def test_a_second_runtime_over_the_same_model_shares_the_compile():
+    model = tiny("mistral", seed=2)
+    first = StaticTorchRuntime(model, torch.device("cpu"), 300, graphs=False, compile=True)
+    second = StaticTorchRuntime(model, torch.device("cpu"), 300, graphs=False, compile=True)
+    other_size = StaticTorchRuntime(model, torch.device("cpu"), 600, graphs=False, compile=True)
+    assert first.compiler is second.compiler
+    assert other_size.compiler is not first.compiler  # its widest key window is another shape
+
+
+def test_a_failed_compile_keeps_the_eager_forward_and_says_why(monkeypatch):
+    """The compiler backend fails (as it does where no C++ compiler is installed): the reason
+    is kept and shown, and the runtime gives the eager logits."""
+    from torch._inductor import compile_fx
+
+    def no_compiler(*_arguments, **_keywords):
+        raise RuntimeError("Failed to find a working C++ compiler. Tried: ('g++',)\nmore lines of detail")
+
+    monkeypatch.setattr(compile_fx, "compile_fx", no_compiler)
+    # One layer: a graph no other test compiled, so this one has to be compiled afresh.
+    torch.manual_seed(7)
+    model = Phi3ForCausalLM(Phi3Config(**{**SHAPE, "num_hidden_layers": 1}, pad_token_id=0, bos_token_id=1, eos_token_id=2)).eval()
+    runtime = StaticTorchRuntime(model, torch.device("cpu"), 300, graphs=False, compile=True)
+    runtime.start_background_work()
+    assert runtime.compiler.wait(COMPILE_TIMEOUT_S)
+    assert runtime.background_note == "not compiled: RuntimeError: Failed to find a working C++ compiler. Tried: ('g++',)"
+    assert runtime.compiler.compiled_for((1, 256)) is None
+    reference = StaticTorchRuntime(model, torch.device("cpu"), 300, graphs=False)
+    context = list(range(3, 40))
+    torch.testing.assert_close(runtime.forward(context, 5), reference.forward(context, 5), rtol=0, atol=0)
+
+
+COMPILE_IN_A_FRESH_PROCESS = """
+import json, sys, torch
+sys.path.insert(0, {root!r})
+from tests.engine.runtime.test_static_families import tiny
+from engine.runtime.torch_static import StaticTorchRuntime
+model = tiny("qwen2", seed=11)
+runtime = StaticTorchRuntime(model, torch.device("cpu"), 300, graphs=False, compile=True)
+runtime.start_background_work()
+runtime.compiler.wait()
+context = list(range(3, 40))
+print(json.dumps({{"note": runtime.background_note, "logits": runtime.forward(context, 3).tolist()}}))
+"""
+
+
+def run_compile_in_a_fresh_process(cache: Path) -> dict:
+    root = str(Path(__file__).resolve().parents[3])
+    environment = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    finished = subprocess.run(
+        [sys.executable, "-c", COMPILE_IN_A_FRESH_PROCESS.format(root=root)],
+        capture_output=True, text=True, env=environment, timeout=COMPILE_TIMEOUT_S,
+    )
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    return json.loads(finished.stdout.strip().splitlines()[-1])
+
+
+def test_a_corrupt_compile_cache_is_rebuilt_not_fatal(tmp_path):
+    cache = tmp_path / "inductor"
+    first = run_compile_in_a_fresh_process(cache)
+    assert first["note"] == "compiled"
+    written = [path for path in cache.rglob("*") if path.is_file()]
+    assert written  # the compiled kernels were kept on disk
+    for path in written:
+        path.write_bytes(b"not what was written here")
+    second = run_compile_in_a_fresh_process(cache)
+    assert second["note"] == "compiled"
+    torch.testing.assert_close(torch.tensor(second["logits"]), torch.tensor(first["logits"]))
+    assert any(path.read_bytes() != b"not what was written here" for path in cache.rglob("*") if path.is_file())
+
+
+def test_compiling_follows_the_pairs_setting_and_tandem_compile(monkeypatch):
+    model = tiny("gemma3", seed=4)
+    cpu = torch.device("cpu")
+    monkeypatch.setenv(compiled_forward.COMPILE_ENVIRONMENT, "1")
+    assert torch_runtime_name(model, cpu, compile=True) == "torch (static cache)"
+    assert isinstance(torch_runtime_factory(model, cpu, 100, compile=True)(False, ()), StaticTorchRuntime)
+    assert torch_runtime_factory(model, cpu, 100, compile=True)(False, ()).compiler is not None
+    assert torch_runtime_name(model, cpu, compile=False) == "torch"
+    assert not isinstance(torch_runtime_factory(model, cpu, 100, compile=False)(False, ()), StaticTorchRuntime)
+    monkeypatch.setenv(compiled_forward.COMPILE_ENVIRONMENT, "0")
+    assert torch_runtime_name(model, cpu, compile=True) == "torch"
+    assert not isinstance(torch_runtime_factory(model, cpu, 100, compile=True)(False, ()), StaticTorchRuntime)
+
+
+def test_compiled_kernels_are_kept_in_tandems_cache_unless_the_user_chose_a_folder(monkeypatch, tmp_path):
+    from engine import paths
+
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    paths.keep_compiled_kernels()
+    kept = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    assert kept.parent == tmp_path / "cache" / "compiled" and kept.name == f"torch-{torch.__version__}"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    paths.keep_compiled_kernels()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+
+
+def test_tandem_chat_says_when_the_compile_has_ended_and_measures_again(make_word_tokenizer, monkeypatch):
+    """The chat's first reply runs while the forward compiles; the next one starts by
+    measuring the tree costs again (on the chat's thread) and saying what runs it now."""
+    import io
+
+    from engine.terminal_chat import TerminalChat
+
+    pair = tiny_pair(make_word_tokenizer, lambda m: StaticTorchRuntime(m, torch.device("cpu"), 200, graphs=False, compile=True),
+                     model=tiny("qwen3", seed=6))
+    measured_again = []
+    monkeypatch.setattr(pair, "after_background_work", lambda: measured_again.append(True))
+    out = io.StringIO()
+
+    def read(_prompt, lines=iter(["w1 w2", "w3 w4", "/quit"])):
+        line = next(lines)
+        if line == "w3 w4":  # between the replies: the compile ends
+            pair.start_background_work()
+            assert pair.target_runner.compiler.wait(COMPILE_TIMEOUT_S)
+        return line
+
+    chat = TerminalChat(pair, DecodeSettings(method="chain", max_new_tokens=8), None, read=read, out=out)
+    assert chat.run() == 0
+    printed = out.getvalue()
+    assert "torch, compiling in the background" in printed.splitlines()[0]  # the header
+    assert printed.count("[runtime: torch, compiled]") == 1 and measured_again == [True]
+    assert printed.index("[runtime: torch, compiled]") > printed.index("tandem>")  # after the first reply
