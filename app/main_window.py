@@ -117,6 +117,7 @@ class MainWindow(QMainWindow):
         self._sampling_temperature = self.settings.decoding.temperature or CHAT_DEFAULT_TEMPERATURE
         self._closed = False
         self._ready_text = ""  # the status line of the loaded pair
+        self._loaded_in = ""  # how long it took to load, in that line
         self._load_failure_shown = False  # the banner holds a load error, which a later load ends
         self._failed_pairs: dict[str, tuple[PairConfig, str]] = {}  # name: (config that failed, why)
 
@@ -282,6 +283,7 @@ class MainWindow(QMainWindow):
         self.client.calibration_progress.connect(self._on_calibration_progress)
         self.client.calibration_cancelled.connect(self._show_ready)
         self.client.calibration_failed.connect(self._on_calibration_failed)
+        self.client.runtime_changed.connect(self._on_runtime_changed)
         self.pair_combo.activated.connect(self._on_pair_chosen)
         self.method_combo.activated.connect(self._on_method_chosen)
         self.provenance_action.toggled.connect(self.set_show_provenance)
@@ -363,12 +365,8 @@ class MainWindow(QMainWindow):
         description = info.description
         self._load_ended()
         latest = self.load_steps is not None and self.client.loading is None  # not one a later request replaced
-        loaded_in = f" · loaded in {int(self.load_steps.total_s())} s" if latest else ""
-        self._ready_text = (
-            f"Ready: {description.get('target')} + {description.get('draft')} "
-            f"on {description.get('device')} ({description.get('precision')}, {description.get('runtime', 'torch')})"
-            + loaded_in
-        )
+        self._loaded_in = f" · loaded in {int(self.load_steps.total_s())} s" if latest else ""
+        self._ready_text = _ready_line(description, self._loaded_in)
         self.load_label.setText(self._ready_text)
         self.load_progress.setVisible(self.client.loading is not None)
         self.setWindowTitle(f"Tandem — {info.config.name}")
@@ -386,6 +384,15 @@ class MainWindow(QMainWindow):
         self.speed_panel.set_heads(info.heads_card)
         if self.settings_dialog is not None:
             self.settings_dialog.mark_active(info.config.name)
+
+    @Slot(object)
+    def _on_runtime_changed(self, description: dict) -> None:
+        """The runtime finished work it did in the background (compiling its forward)."""
+        self.speed_panel.set_pair(description)
+        showing_ready = self.load_label.text() == self._ready_text
+        self._ready_text = _ready_line(description, self._loaded_in)
+        if showing_ready:
+            self.load_label.setText(self._ready_text)
 
     @Slot(object)
     def _on_calibrated(self, info: PairInfo) -> None:
@@ -703,3 +710,12 @@ def _read_pairs() -> tuple[list[PairConfig], str | None]:
         return all_pairs(), None
     except ConfigError as error:
         return builtin_pairs(), f"{error}. Only the built-in pairs are listed."
+
+
+def _ready_line(description: dict, loaded_in: str) -> str:
+    """The status line of a loaded pair: what runs it, where, and how (e.g. "compiling in the background")."""
+    return (
+        f"Ready: {description.get('target')} + {description.get('draft')} "
+        f"on {description.get('device')} ({description.get('precision')}, {description.get('runtime', 'torch')})"
+        + loaded_in
+    )

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtWidgets import (
+    QCheckBox,
     QDialog,
     QDialogButtonBox,
     QComboBox,
@@ -80,6 +81,7 @@ class PairPicker(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Model pair")
         self.client = client
+        self.edited = pair  # what the dialog does not show (n-gram settings, an EAGLE-3 head) is kept
         self.user_models = [m for m in models if m not in BUNDLED_MODELS]
         self.taken_names = taken_names
         self.reasons: dict[str, str | None] = {}  # draft source -> why it does not fit, None if it does
@@ -105,6 +107,14 @@ class PairPicker(QDialog):
         for value in RUNTIMES:
             self.runtime.addItem(RUNTIME_LABELS.get(value, value), value)
         form.addRow("Runtime", self.runtime)
+        self.compile = QCheckBox("Compile torch models on the CPU in the background")
+        self.compile.setChecked(True)
+        self.compile.setToolTip(
+            "The pair chats at once; meanwhile torch compiles the model's forward (minutes the first time, "
+            "then cached on disk) and replies run faster once it is done. No effect on llama.cpp or on a GPU. "
+            "TANDEM_COMPILE=0 turns it off for every pair."
+        )
+        form.addRow("", self.compile)
         layout.addLayout(form)
 
         layout.addWidget(QLabel("Draft (only models with the target's tokenizer can draft for it)"))
@@ -161,6 +171,7 @@ class PairPicker(QDialog):
             self.precision.setCurrentIndex(max(self.precision.findData(pair.target.precision), 0))
             self.device.setCurrentIndex(max(self.device.findData(pair.target.device), 0))
             self.runtime.setCurrentIndex(max(self.runtime.findData(pair.runtime), 0))
+            self.compile.setChecked(pair.compile)
         self._on_target_changed()
         self._select_draft(pair.draft.source if pair and pair.draft else NGRAM)
         self.resize(620, 560)
@@ -181,7 +192,10 @@ class PairPicker(QDialog):
         target = ModelSpec(self.target.currentData(), self.precision.currentData(), self.device.currentData())
         draft_source = self.selected_draft()
         draft = ModelSpec(draft_source, "auto", target.device) if draft_source else None
-        return PairConfig(self.name.text().strip(), target, draft, runtime=self.runtime.currentData())
+        kept = {"ngram": self.edited.ngram, "eagle": self.edited.eagle} if self.edited else {}
+        return PairConfig(
+            self.name.text().strip(), target, draft, runtime=self.runtime.currentData(), compile=self.compile.isChecked(), **kept
+        )
 
     def selected_draft(self) -> str:
         item = self.drafts.currentItem()

@@ -80,9 +80,13 @@ class EngineWorker(QObject):
     calibrated = Signal(object)  # PairInfo of the pair, now with its heads
     calibration_cancelled = Signal()
     calibration_failed = Signal(object)  # Exception
+    runtime_changed = Signal(object)  # the pair's description, once its background work (a compile) ended
+    # Emitted on the thread that did that work; delivered to the worker's own thread.
+    _background_work_ended = Signal(object)  # the LoadedPair
 
     def __init__(self, engine: EngineApi):
         super().__init__()
+        self._background_work_ended.connect(self._describe_after_background_work)
         self._engine = engine
         self._pair: Any = None  # the LoadedPair; touched on the worker thread only
         self._lock = threading.Lock()  # guards the fields below, shared with the GUI thread
@@ -141,7 +145,15 @@ class EngineWorker(QObject):
         previous, self._pair = self._pair, loaded
         if previous is not None:
             previous.close()
+        if hasattr(loaded, "when_background_work_changes"):
+            loaded.when_background_work_changes(lambda: self._background_work_ended.emit(loaded))
         self.pair_loaded.emit(PairInfo.of(config, loaded))
+
+    @Slot(object)
+    def _describe_after_background_work(self, pair: Any) -> None:
+        if pair is self._pair and not self._shutting_down:  # not a pair replaced since
+            pair.after_background_work()
+            self.runtime_changed.emit(pair.describe())
 
     @Slot(object)
     def generate(self, request: GenerationRequest) -> None:
@@ -248,6 +260,7 @@ class EngineClient(QObject):
     calibrated = Signal(object)
     calibration_cancelled = Signal()
     calibration_failed = Signal(object)
+    runtime_changed = Signal(object)
 
     _load_requested = Signal(object)
     _generate_requested = Signal(object)
@@ -295,6 +308,7 @@ class EngineClient(QObject):
         self.worker.calibrated.connect(self._on_calibrated)
         self.worker.calibration_cancelled.connect(self._on_calibration_cancelled)
         self.worker.calibration_failed.connect(self._on_calibration_failed)
+        self.worker.runtime_changed.connect(self._on_runtime_changed)
         self._thread.start()
 
     @property
@@ -400,6 +414,11 @@ class EngineClient(QObject):
     def _on_text_delta(self, request_id: int, event: TextDelta) -> None:
         if not self._closed:
             self.text_delta.emit(request_id, event)
+
+    @Slot(object)
+    def _on_runtime_changed(self, description: dict) -> None:
+        if not self._closed:
+            self.runtime_changed.emit(description)
 
     @Slot(int, object, object)
     def _on_stats_updated(self, request_id: int, stats: Any, description: dict) -> None:

@@ -81,6 +81,7 @@ class FakeEngine:
     calibration_step_s: float = 0.0
     calibration_error: Exception | None = None  # raised half-way through a calibration
     calibrations: int = 0  # calibrations that finished
+    compile_s: float | None = None  # pairs compile in the background for this long (None: no compile)
     loads: list[PairConfig] = field(default_factory=list)
     requests: list[tuple[list, DecodeSettings, str | None]] = field(default_factory=list)
     closed_pairs: list[str] = field(default_factory=list)
@@ -138,6 +139,25 @@ class FakePair:
         with_heads = engine.heads and config.draft is not None
         self.heads = FakeHeads(heads_card(config.name)) if with_heads else None
         self.heads_problem = engine.heads_problem if config.draft is not None else None
+        self.compile_note = "compiling in the background" if engine.compile_s is not None else None
+        self.remeasured = 0  # after_background_work calls
+        self._listeners: list = []
+        if engine.compile_s is not None:
+            # As the real compile: it ends on a thread of its own.
+            timer = threading.Timer(engine.compile_s, self._compiled)
+            timer.daemon = True
+            timer.start()
+
+    def _compiled(self) -> None:
+        self.compile_note = "compiled"
+        for listener in self._listeners:
+            listener()
+
+    def when_background_work_changes(self, listener) -> None:
+        self._listeners.append(listener)
+
+    def after_background_work(self) -> None:
+        self.remeasured += 1
 
     @property
     def methods(self) -> tuple[str, ...]:
@@ -149,7 +169,8 @@ class FakePair:
         return VERIFIERS
 
     def describe(self) -> dict:
-        return {
+        compiling = {"runtime": f"torch (static cache), {self.compile_note}"} if self.compile_note else {}
+        return compiling | {
             "name": self.config.name,
             "target": self.config.target.source,
             "draft": self.config.draft_label,

@@ -10,7 +10,9 @@ fake engine, and a first start converting the demo model for torch, with the rea
 `sprinter` (issue 11, the real engine: the Verifier switch before and after calibrating the
 demo pair's heads in Settings, the calibration's progress, and a SPRINTER reply with its
 speed panel and its unchecked tokens), `everyday` (issue 23, over the fake engine: the menus,
-About, export, the token-limit notice, a pair that failed to load, the dark theme, 1024×640).
+About, export, the token-limit notice, a pair that failed to load, the dark theme, 1024×640),
+`compile` (issue 21, over the fake engine: a torch pair compiling in the background, then
+compiled, and the pair picker's compile setting).
 
 Runs in a private TANDEM_HOME (converted weights are shared with the user cache) on the
 offscreen platform unless a display is set. The pair picker lists the converted demo folder,
@@ -474,8 +476,27 @@ def shot_menus(app: QApplication, window: QWidget, menus: list[QWidget], name: s
     print("saved", SHOTS / name)
 
 
+def compile_in_background(app: QApplication, home: Path) -> None:
+    """Issue 21, over the fake engine: a torch pair chatting while its forward compiles in the
+    background, the window once the compile has ended, and the pair picker's setting."""
+    from tests.app.fake_engine import FakeEngine
+
+    window = fake_window(app, FakeEngine(token_delay_s=0.02, compile_s=6.0))
+    try:
+        send_and_finish(app, window, "What is speculative decoding?")
+        save(window, "compiling-in-the-background.png")
+        wait_until(app, lambda: "compiled" in window.speed_panel.values["runtime"].text().split(", ")[-1], 20)
+        save(window, "compiled.png")
+        picker = window.open_settings().open_picker(None)
+        wait_until(app, picker.isVisible, 5)
+        save(picker, "pair-picker-compile.png")
+        picker.reject()
+    finally:
+        window.close()
+
+
 SETS = {"tour": tour, "long-chat": long_chat, "recovery": recovery, "rough-edges": rough_edges, "sprinter": sprinter,
-        "everyday": everyday}
+        "everyday": everyday, "compile": compile_in_background}
 
 
 if __name__ == "__main__":

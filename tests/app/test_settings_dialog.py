@@ -154,3 +154,21 @@ def test_sprinter_is_not_a_method_and_the_adaptive_chain_takes_no_k(qapp):
     assert form.method.currentText().startswith("adaptive chain (SpecDec++)")
     assert not form.draft_tokens.isEnabled() and "chooses its draft length" in form.note.text()
     assert form.verifier.isEnabled()  # its chain is verified like any other
+
+
+def test_the_pair_picker_keeps_the_compile_choice_and_what_it_does_not_show(ready_window, qtbot):
+    """Editing a pair saves the compile checkbox, and keeps its EAGLE-3 head and n-gram settings."""
+    from engine.config import ModelSpec, NgramSettings, PairConfig
+
+    window = ready_window()
+    window.settings.models = [SMOL_360]
+    dialog = window.open_settings()
+    edited = PairConfig("mine", ModelSpec(SMOL_360), None, NgramSettings(max_ngram=5), compile=False, eagle="/heads/eagle3")
+    picker = dialog.open_picker(edited)
+    assert not picker.compile.isChecked()
+    assert picker.pair().compile is False
+    assert picker.pair().eagle == "/heads/eagle3" and picker.pair().ngram == edited.ngram
+    picker.compile.setChecked(True)
+    assert picker.pair().compile is True
+    fresh = dialog.open_picker(None)
+    assert fresh.compile.isChecked() and fresh.pair().eagle is None

@@ -82,3 +82,17 @@ def test_nothing_is_cut_off_in_a_1024_by_640_window(make_window, qtbot, mode):
     qtbot.wait(50)
     view = window.pane.view
     assert view.widget().width() <= view.viewport().width()
+
+
+def test_a_background_compile_shows_while_it_runs_and_when_it_ends(ready_window, qtbot):
+    """The pair chats while its forward compiles; the status line and the speed panel say so,
+    and change when the compile ends (on a thread of its own), after the worker measured the
+    tree costs again."""
+    engine = FakeEngine(compile_s=2.0)
+    window = ready_window(engine)
+    runtime = window.speed_panel.values["runtime"]
+    assert runtime.text() == "torch (static cache), compiling in the background"
+    assert "compiling in the background" in window.load_label.text()
+    qtbot.waitUntil(lambda: runtime.text() == "torch (static cache), compiled", timeout=10_000)
+    assert "compiled" in window.load_label.text() and "compiling" not in window.load_label.text()
+    assert window.client.worker._pair.remeasured == 1
