@@ -192,7 +192,9 @@ class PairPicker(QDialog):
         target = ModelSpec(self.target.currentData(), self.precision.currentData(), self.device.currentData())
         draft_source = self.selected_draft()
         draft = ModelSpec(draft_source, "auto", target.device) if draft_source else None
-        kept = {"ngram": self.edited.ngram, "eagle": self.edited.eagle} if self.edited else {}
+        kept = {"ngram": self.edited.ngram} if self.edited else {}
+        if self.edited and self.edited.target.source == target.source:
+            kept["eagle"] = self.edited.eagle  # an EAGLE-3 head fits its own target only
         return PairConfig(
             self.name.text().strip(), target, draft, runtime=self.runtime.currentData(), compile=self.compile.isChecked(), **kept
         )

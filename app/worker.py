@@ -14,7 +14,8 @@ cancelling a calibration sets a flag that the calibration checks between its ste
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, replace
 from typing import Any
 
 from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
@@ -151,9 +152,13 @@ class EngineWorker(QObject):
 
     @Slot(object)
     def _describe_after_background_work(self, pair: Any) -> None:
-        if pair is self._pair and not self._shutting_down:  # not a pair replaced since
+        if pair is not self._pair or self._shutting_down:  # a pair replaced since
+            return
+        try:
             pair.after_background_work()
-            self.runtime_changed.emit(pair.describe())
+        except Exception as error:  # the measurement failing costs the tree its best shape, not the app
+            warnings.warn(f"measuring the tree costs again failed: {error}", RuntimeWarning, stacklevel=1)
+        self.runtime_changed.emit(pair.describe())
 
     @Slot(object)
     def generate(self, request: GenerationRequest) -> None:
@@ -417,8 +422,11 @@ class EngineClient(QObject):
 
     @Slot(object)
     def _on_runtime_changed(self, description: dict) -> None:
-        if not self._closed:
-            self.runtime_changed.emit(description)
+        if self._closed:
+            return
+        if self.pair is not None and self.pair.description.get("name") == description.get("name"):
+            self.pair = replace(self.pair, description=description)  # what About shows
+        self.runtime_changed.emit(description)
 
     @Slot(int, object, object)
     def _on_stats_updated(self, request_id: int, stats: Any, description: dict) -> None:

@@ -201,12 +201,20 @@ class LoadedPair:
         device, for every automatic tree shape, so that no reply waits for it before its first token."""
         if not self.auto_tree_shapes or (not again and all(shape.calibrated for shape in self.auto_tree_shapes.values())):
             return
-        probe = build_prompt(self.tokenizer, [Message("user", "Hello!")], None, self.context_length).token_ids
+        # Measured after the conversation the cache holds, when it holds one (measuring
+        # again mid-chat): it stays cached, all but its last token, instead of being read
+        # again by the next reply.
+        conversation = list(self.target_runner.cached_ids)
+        keep_conversation = len(conversation) > 1
+        probe = conversation if keep_conversation else build_prompt(
+            self.tokenizer, [Message("user", "Hello!")], None, self.context_length
+        ).token_ids
         first, *others = self.auto_tree_shapes.values()
         try:
             first.calibrate(lambda tokens: time_verify(self.target_runner, probe, tokens))
         finally:
-            self.target_runner.reset()
+            if not keep_conversation:
+                self.target_runner.reset()
         for shape in others:
             shape.calibrate_like(first)
 
@@ -436,7 +444,10 @@ def _with_note(runtime: str, note: str | None) -> str:
 
 
 def _pair_key(config: PairConfig, target: LoadedModel) -> str:
-    return json.dumps(config.to_dict(), sort_keys=True) + f"|{target.runtime}|{target.precision}"
+    # Not the compile setting: `target.runtime` already tells a compiled runtime from an eager
+    # one, and the setting does nothing to llama.cpp or CUDA pairs, whose records it would orphan.
+    described = {key: value for key, value in config.to_dict().items() if key != "compile"}
+    return json.dumps(described, sort_keys=True) + f"|{target.runtime}|{target.precision}"
 
 
 def _machine_key(target: LoadedModel) -> str:

@@ -28,6 +28,7 @@ def tandem_home_for_session(tmp_path_factory: pytest.TempPathFactory) -> Iterato
     """Keep the tests' caches, settings and chats out of the user's own folders."""
     preset = os.environ.get("TANDEM_HOME")
     if preset:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(preset) / "inductor")
         yield Path(preset)
         return
     home = tmp_path_factory.mktemp("tandem-home")

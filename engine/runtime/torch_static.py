@@ -231,19 +231,14 @@ class StaticTorchRuntime(ModelRuntime):
         self.graphs: dict[tuple[int, int], Captured] = {}  # by (token bucket, key window)
         self.pool = None  # the memory pool the graphs share (they never run at once), made at the first capture
         self.graphs_failure: str | None = None  # why graphs were given up, when they were
-        self.compiler = self._shared_compile(model, rows) if compile and not self.graphs_enabled else None
-
-    def _shared_compile(self, model: torch.nn.Module, rows: int) -> BackgroundCompile:
-        def make() -> BackgroundCompile:
+        self.compiler: BackgroundCompile | None = None
+        if compile and not self.graphs_enabled:
             # The step first, then an 8-token verify (the graph every count but one shares),
             # then every other shape, each a guard check away from those two.
             shapes = [(bucket, window) for window in self.windows for bucket in BUCKETS]
             shapes.sort(key=lambda shape: (shape != (1, self.windows[0]), shape != (8, self.windows[0])))
-            with torch.inference_mode():  # inference tensors as the runtime's are: dynamo guards on the difference
-                buffers = tuple(torch.zeros_like(buffer) for buffer in (self.ids, self.positions, self.rows, self.visible))
-            return BackgroundCompile(self.forward_pass, buffers, shapes)
-
-        return shared_compile(model, (self.feature_layers, rows), make)
+            self.compiler = shared_compile(model, (self.feature_layers, rows), shapes)
+            self.compiler.users += 1
 
     # ModelRuntime
 
@@ -458,8 +453,11 @@ class StaticTorchRuntime(ModelRuntime):
                 self._graph(bucket, window)
 
     def start_background_work(self) -> None:
-        if self.compiler is not None:
-            self.compiler.start()
+        if self.compiler is None or self.forward_pass is None:
+            return
+        with torch.inference_mode():  # inference tensors as the runtime's are: dynamo guards on the difference
+            buffers = tuple(torch.zeros_like(buffer) for buffer in (self.ids, self.positions, self.rows, self.visible))
+        self.compiler.start(self.forward_pass, buffers)
 
     def when_background_work_changes(self, listener) -> None:
         if self.compiler is not None:
@@ -471,6 +469,11 @@ class StaticTorchRuntime(ModelRuntime):
 
     def close(self) -> None:
         """Free the graphs, their memory pool and the cache; the runtime cannot run after."""
+        if self.compiler is not None:
+            self.compiler.users -= 1
+            if self.compiler.users == 0:
+                self.compiler.cancel()  # a compile still running lets the model (and this cache) go
+            self.compiler = None
         self._free_graphs()
         self.graphs_enabled = False
         self.forward_pass = None

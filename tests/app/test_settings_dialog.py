@@ -170,5 +170,7 @@ def test_the_pair_picker_keeps_the_compile_choice_and_what_it_does_not_show(read
     assert picker.pair().eagle == "/heads/eagle3" and picker.pair().ngram == edited.ngram
     picker.compile.setChecked(True)
     assert picker.pair().compile is True
+    picker.target.setCurrentIndex(picker.target.findData("demo-target"))
+    assert picker.pair().eagle is None  # a head fits its own target only
     fresh = dialog.open_picker(None)
     assert fresh.compile.isChecked() and fresh.pair().eagle is None

@@ -96,3 +96,4 @@ def test_a_background_compile_shows_while_it_runs_and_when_it_ends(ready_window,
     qtbot.waitUntil(lambda: runtime.text() == "torch (static cache), compiled", timeout=10_000)
     assert "compiled" in window.load_label.text() and "compiling" not in window.load_label.text()
     assert window.client.worker._pair.remeasured == 1
+    assert window.client.pair.description["runtime"].endswith("compiled")  # what About shows

@@ -311,3 +311,35 @@ def test_an_interrupted_continue_keeps_the_space_before_its_text(tiny_pair):
     rest = generation.result_so_far()
     assert len(rest.token_ids) == 4
     assert whole.text.startswith(cut.text + rest.text)
+
+
+def test_measuring_the_tree_costs_again_keeps_the_conversation_cached(make_word_tokenizer):
+    """After a background compile the tree costs are measured again mid-chat: the target's
+    cache keeps the conversation (all but its last token), so the next reply does not read
+    it all again."""
+    from engine.chat_prompt import Message
+    from engine.config import DecodeSettings
+    from tests.engine.runtime.test_torch_static import static, tiny_pair
+
+    pair = tiny_pair(make_word_tokenizer, lambda model: static(model, capacity=200))
+    assert pair.auto_tree_shapes
+    list(pair.generate([Message("user", "w1 w2 w3")], DecodeSettings(method="ar", max_new_tokens=10)))
+    conversation = list(pair.target_runner.cached_ids)
+    assert len(conversation) > 10
+    pair.calibrate_trees(again=True)
+    assert all(shape.calibrated for shape in pair.auto_tree_shapes.values())
+    assert pair.target_runner.cached_ids == conversation[:-1]
+
+
+def test_the_compile_setting_does_not_orphan_a_pairs_speed_record():
+    import dataclasses
+
+    from engine.config import ModelSpec, PairConfig
+    from engine.session import _pair_key
+
+    class Target:
+        runtime, precision = "llama.cpp", "int8"
+
+    config = PairConfig("p", ModelSpec("t.gguf"), ModelSpec("d.gguf"))
+    assert _pair_key(config, Target) == _pair_key(dataclasses.replace(config, compile=False), Target)
+    assert _pair_key(config, Target) != _pair_key(dataclasses.replace(config, runtime="torch"), Target)

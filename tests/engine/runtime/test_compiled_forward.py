@@ -181,7 +181,7 @@ def test_compiled_kernels_are_kept_in_tandems_cache_unless_the_user_chose_a_fold
     from engine import paths
 
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     paths.keep_compiled_kernels()
     kept = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     assert kept.parent == tmp_path / "cache" / "compiled" and kept.name == f"torch-{torch.__version__}"
@@ -216,3 +216,50 @@ def test_tandem_chat_says_when_the_compile_has_ended_and_measures_again(make_wor
     assert "torch, compiling in the background" in printed.splitlines()[0]  # the header
     assert printed.count("[runtime: torch, compiled]") == 1 and measured_again == [True]
     assert printed.index("[runtime: torch, compiled]") > printed.index("tandem>")  # after the first reply
+
+
+def test_llama_compiled_gives_the_eager_logits_through_a_prompt_a_tree_and_a_chain():
+    """Llama, the family the static runtime began with (test_torch_static.py), compiled."""
+    import random
+
+    from engine.tree import forward_tree
+
+    from ..tiny_models import tiny_llama
+    from .test_static_families import VOCAB, assert_same, deep_tree, eager_logits
+
+    model = tiny_llama(seed=8, vocab_size=VOCAB)
+    runtime = compiled(model)
+    runtime.compiler._compiled = CompiledOnly(runtime.compiler._compiled)
+    rng = random.Random(8)
+    context = [rng.randrange(VOCAB) for _ in range(150)]  # three chunks
+    assert_same(runtime.forward(context, logits_wanted=70), eager_logits(model, context, 70))
+    tree = deep_tree(rng, context[-1], 20)
+    logits = forward_tree(runtime, context, tree)
+    for node in range(len(tree)):
+        assert_same(logits[node : node + 1], eager_logits(model, context + [tree.tokens[step] for step in tree.path(node)]))
+    assert runtime.compiler._compiled.calls >= 4
+
+
+def test_closing_the_last_runtime_stops_its_compile_and_lets_the_model_go():
+    import gc
+    import weakref as weak
+
+    model = tiny("qwen2", seed=12)
+    model_alive = weak.ref(model)
+    first = StaticTorchRuntime(model, torch.device("cpu"), 300, graphs=False, compile=True)
+    second = StaticTorchRuntime(model, torch.device("cpu"), 300, graphs=False, compile=True)
+    compiler = first.compiler
+    first.start_background_work()
+    first.close()
+    assert not compiler.cancelled  # the second runtime still uses it
+    second.close()
+    assert compiler.cancelled
+    assert compiler.wait(COMPILE_TIMEOUT_S)
+    assert compiler.note.startswith("not compiled: stopped")
+    # A runtime opened later compiles afresh rather than inherit the stopped compile.
+    third = StaticTorchRuntime(model, torch.device("cpu"), 300, graphs=False, compile=True)
+    assert third.compiler is not compiler and not third.compiler.cancelled
+    # A compile that never started holds nothing: the model goes with its runtimes.
+    del first, second, third, compiler, model
+    gc.collect()
+    assert model_alive() is None
