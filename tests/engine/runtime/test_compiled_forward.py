@@ -111,6 +111,7 @@ def test_a_failed_compile_keeps_the_eager_forward_and_says_why(monkeypatch):
         raise RuntimeError("Failed to find a working C++ compiler. Tried: ('g++',)\nmore lines of detail")
 
     monkeypatch.setattr(compile_fx, "compile_fx", no_compiler)
+    switching = sys.getswitchinterval()
     # One layer: a graph no other test compiled, so this one has to be compiled afresh.
     torch.manual_seed(7)
     model = Phi3ForCausalLM(Phi3Config(**{**SHAPE, "num_hidden_layers": 1}, pad_token_id=0, bos_token_id=1, eos_token_id=2)).eval()
@@ -118,6 +119,7 @@ def test_a_failed_compile_keeps_the_eager_forward_and_says_why(monkeypatch):
     runtime.start_background_work()
     assert runtime.compiler.wait(COMPILE_TIMEOUT_S)
     assert runtime.background_note == "not compiled: RuntimeError: Failed to find a working C++ compiler. Tried: ('g++',)"
+    assert sys.getswitchinterval() == switching  # shortened for the compile only
     assert runtime.compiler.compiled_for((1, 256)) is None
     reference = StaticTorchRuntime(model, torch.device("cpu"), 300, graphs=False)
     context = list(range(3, 40))
