@@ -33,6 +33,7 @@ How:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -136,17 +137,11 @@ class BackgroundCompile:
 
     def _compile_every_shape(self, forward: Callable, buffers: tuple[torch.Tensor, ...]) -> None:
         failure = None
-        # Tracing is pure Python and holds the GIL; a reply's eager forward needs it back
-        # between every two ops, and waited up to the 5 ms default each time: replies during a
-        # compile ran at 0.8 tok/s against 30 uncompiled. At 0.1 ms: 3.9 (docs/BENCHMARKS.md).
-        switching = sys.getswitchinterval()
-        sys.setswitchinterval(COMPILE_SWITCH_INTERVAL_S)
         try:
-            self._compile(forward, buffers)
+            with _quick_gil_handover():
+                self._compile(forward, buffers)
         except Exception as error:  # noqa: BLE001 -- whatever stops a compile, the eager forward still works
             failure = _reason(error)
-        finally:
-            sys.setswitchinterval(switching)
         if failure is None and self._cancelled.is_set():
             failure = "stopped: its pair was closed"
         self._finish(failure)
@@ -187,6 +182,34 @@ class BackgroundCompile:
                 listener()
             except Exception as error:  # noqa: BLE001 -- one listener's failure must not silence the others
                 warnings.warn(f"a listener of the background compile failed: {_reason(error)}", RuntimeWarning, stacklevel=1)
+
+
+_compiles_running = 0
+_running_lock = threading.Lock()
+_switch_interval_before: float | None = None
+
+
+@contextlib.contextmanager
+def _quick_gil_handover():
+    """Python's switch interval at COMPILE_SWITCH_INTERVAL_S while any compile runs (the
+    target's and the draft's overlap), and back to what it was after the last one.
+
+    Tracing is pure Python and holds the GIL; a reply's eager forward needs it back between
+    every two ops, and waited up to the 5 ms default each time: a reply during a compile ran
+    at 0.8 tok/s against 30 uncompiled; at 0.1 ms, 3.9 (docs/BENCHMARKS.md)."""
+    global _compiles_running, _switch_interval_before
+    with _running_lock:
+        if _compiles_running == 0:
+            _switch_interval_before = sys.getswitchinterval()
+            sys.setswitchinterval(COMPILE_SWITCH_INTERVAL_S)
+        _compiles_running += 1
+    try:
+        yield
+    finally:
+        with _running_lock:
+            _compiles_running -= 1
+            if _compiles_running == 0:
+                sys.setswitchinterval(_switch_interval_before)
 
 
 def _reason(error: BaseException) -> str:

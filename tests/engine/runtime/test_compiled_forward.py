@@ -265,3 +265,18 @@ def test_closing_the_last_runtime_stops_its_compile_and_lets_the_model_go():
     del first, second, third, compiler, model
     gc.collect()
     assert model_alive() is None
+
+
+def test_overlapping_compiles_give_the_switch_interval_back_once_both_ended():
+    """The target's and the draft's compiles overlap; Python's switch interval is short while
+    either runs and back to what it was once both have ended, whichever ends first."""
+    from engine.runtime.compiled_forward import COMPILE_SWITCH_INTERVAL_S, _quick_gil_handover
+
+    before = sys.getswitchinterval()
+    first, second = _quick_gil_handover(), _quick_gil_handover()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert sys.getswitchinterval() == pytest.approx(COMPILE_SWITCH_INTERVAL_S)  # the second still runs
+    second.__exit__(None, None, None)
+    assert sys.getswitchinterval() == before
