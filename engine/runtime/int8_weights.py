@@ -1,12 +1,15 @@
-"""Weight-only int8 for torch models: 8-bit weights with one scale per output channel,
-dequantised inside each matmul (on the CPU by torch's fused int8 kernel), activations left
-in bf16.
+"""Weight-only int8 for torch models: 8-bit weights with one scale per output channel.
 
 Why not bitsandbytes: its LLM.int8 layers cannot be captured in a CUDA graph and were the
 slowest mode measured on an H100 (docs/BENCHMARKS.md). These layers are plain tensor ops,
 so the graph-captured runtime runs them like any other layer, at about half bf16's weight
 memory. Symmetric rounding to 127 levels per row is the same scheme as llama.cpp's Q8_0,
 with one scale per row instead of one per 32 weights.
+
+On a GPU each matmul reads a copy of the weight in the activations' dtype. On the CPU the
+matmul is an integer one (`integer_product`): the activations are rounded to int8 as well,
+in two levels, so that the product is as close to the float one as the weight's rounding
+allows, and a token's row of the product is the same integers whatever else is in the batch.
 """
 from __future__ import annotations
 
@@ -31,9 +34,6 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight", weight)
         self.register_buffer("scale", scale)
         self.bias = bias
-        # The fused kernel below takes a scale per row in the activations' dtype; it gets
-        # ones, and the float32 scale is applied after, as on the other path.
-        self.register_buffer("unit_scale", torch.ones(weight.shape[0], dtype=torch.bfloat16, device=weight.device), persistent=False)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
@@ -45,13 +45,9 @@ class Int8Linear(nn.Module):
         return self.weight.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu" and x.dtype == torch.bfloat16:
-            # The fused int8 matmul reads the int8 weight as it is, where F.linear below first
-            # copies it to bf16: the demo target's forward 19.8 ms against 59.3 on the 2-core
-            # CPU (docs/BENCHMARKS.md, the torch.compile probe). Both give the bf16 product of
-            # x and the int8 rows.
-            flat = x.reshape(-1, x.shape[-1]).contiguous()
-            product = torch._weight_int8pack_mm(flat, self.weight, self.unit_scale).reshape(*x.shape[:-1], -1)
+        if x.device.type == "cpu":
+            flat = x.reshape(-1, x.shape[-1])
+            product = integer_product(flat, self.weight).reshape(*x.shape[:-1], -1)
         else:
             product = F.linear(x, self.weight.to(x.dtype))
         # Scaled (and biased) in float32, then rounded once to the activations' dtype.
@@ -61,6 +57,29 @@ class Int8Linear(nn.Module):
         return out.to(x.dtype)
 
 
+def integer_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T in float32 for float (n, K) rows and an (N, K) int8 weight, by one int8
+    matmul with int32 sums (`torch._int_mm`, VNNI on x86).
+
+    Each row is rounded to int8 twice: once at its own scale (max |x| / 127), then what that
+    left over at the leftover's scale. One level alone costs a 135M model a tenth of its
+    top-1 agreement with its float self (outlier channels flatten the rest of the row); two
+    levels measure the same as the float activations (docs/BENCHMARKS.md). Both levels go
+    through the same matmul as 2n rows, and the integer kernel's cost is nearly flat in
+    rows where the fused int8 weight-only kernel doubles past four. The sums are exact, so
+    a row's product never depends on the rows batched with it: a verify of k tokens gives
+    each token the logits a one-token step gives it."""
+    rows = x.float()
+    first_scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-30) / 127.0
+    first = torch.round(rows / first_scale)
+    leftover = rows - first * first_scale
+    second_scale = leftover.abs().amax(dim=1, keepdim=True).clamp(min=1e-30) / 127.0
+    second = torch.round(leftover / second_scale)
+    sums = torch._int_mm(torch.cat([first, second]).to(torch.int8), weight.t()).float()
+    count = rows.shape[0]
+    return sums[:count] * first_scale + sums[count:] * second_scale
+
+
 class Int8Embedding(nn.Module):
     def __init__(self, embedding: nn.Embedding):
         super().__init__()
@@ -68,15 +87,17 @@ class Int8Embedding(nn.Module):
         self.register_buffer("weight", weight)
         self.register_buffer("scale", scale)
         self.padding_idx = embedding.padding_idx
-        self.output_dtype = embedding.weight.dtype  # the compute dtype of the layers it feeds
+        # The compute dtype of the layers it feeds, kept as an empty buffer so that the
+        # model's .to(dtype) moves it along with them.
+        self.register_buffer("compute_dtype", torch.empty(0, dtype=embedding.weight.dtype, device=embedding.weight.device), persistent=False)
         # Gemma's embedding module multiplies its rows by sqrt(hidden size), rounded to the
         # weights' dtype as it does; the quantised table keeps that factor.
         embed_scale = getattr(embedding, "embed_scale", None)
-        self.register_buffer("embed_scale", None if embed_scale is None else embed_scale.to(self.output_dtype), persistent=False)
+        self.register_buffer("embed_scale", None if embed_scale is None else embed_scale.to(embedding.weight.dtype), persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = F.embedding(ids, self.weight).float() * self.scale[ids, None]  # (..., H) float32
-        rows = rows.to(self.output_dtype)
+        rows = rows.to(self.compute_dtype.dtype)
         return rows if self.embed_scale is None else rows * self.embed_scale
 
 

@@ -246,6 +246,7 @@ def test_weight_only_int8_loads_as_int8_layers_that_the_static_runtime_runs(tiny
     assert loaded.precision == "int8-wo" and loaded.runtime == "torch"  # no CUDA here: eager
     assert isinstance(loaded.model.model.layers[0].self_attn.q_proj, Int8Linear)
     assert loaded.model.model.layers[0].self_attn.q_proj.weight.dtype == torch.int8
+    assert loaded.model.dtype == torch.float32  # the CPU's integer matmuls take and give float32
     eager_logits = loaded.open_runtime().forward([1, 2, 3], logits_wanted=3)
     static_logits = StaticTorchRuntime(loaded.model, loaded.device, 64, graphs=False).forward([1, 2, 3], logits_wanted=3)
     assert torch.allclose(eager_logits, static_logits, atol=1e-3)

@@ -178,7 +178,10 @@ def test_weight_only_int8_keeps_gemmas_embedding_scale():
     quantise_weight_only(model)
     quantised = eager_logits(model, ids, len(ids))
     assert (quantised - reference).abs().max() <= 0.05 * reference.abs().max()  # rounded, not rescaled
-    assert_same(static(model).forward(ids, logits_wanted=len(ids)), quantised)
+    # The CPU's int8 layers round their activations too, so a last-bit difference between
+    # the runtimes' attention can move a logit by a step of the activations' second rounding.
+    static_logits = static(model).forward(ids, logits_wanted=len(ids))
+    assert (static_logits - quantised).abs().max() <= 1e-3 * quantised.abs().max()
 
 
 def longrope_phi3() -> Phi3ForCausalLM:
