@@ -37,9 +37,9 @@ from .error_text import error_text
 from .worker import EngineClient
 
 PRECISION_LABELS = {
-    "auto": f"auto: 8-bit on a CUDA GPU (int8-wo), {CPU_DEFAULT_PRECISION} on the CPU (llama.cpp: Q8_0)",
+    "auto": f"auto: 8-bit ({CPU_DEFAULT_PRECISION} on torch, Q8_0 on llama.cpp)",
     "int8": "int8: 8-bit weights (bitsandbytes; Q8_0 on llama.cpp), half the memory",
-    "int8-wo": "int8-wo: 8-bit weights, dequantised in each matmul (runs under CUDA graphs; Q8_0 on llama.cpp)",
+    "int8-wo": "int8-wo: 8-bit weights; integer matmuls on the CPU, CUDA graphs on a GPU (Q8_0 on llama.cpp)",
     "bf16": "bf16",
     "fp16": "fp16",
     "fp32": "fp32: full precision, most memory",

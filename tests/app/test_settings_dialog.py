@@ -100,7 +100,7 @@ def test_the_pair_picker_offers_only_drafts_with_the_targets_tokenizer(ready_win
     assert not enabled and "different tokenizer" in text
     picker.drafts.setCurrentRow(list(items).index("demo-target"))
     picker.precision.setCurrentIndex(picker.precision.findData("int8"))
-    assert picker.precision.itemText(0).startswith("auto: 8-bit on a CUDA GPU")
+    assert picker.precision.itemText(0).startswith("auto: 8-bit (int8-wo on torch")
     picker.buttons.button(QDialogButtonBox.StandardButton.Ok).click()
     saved = load_user_pairs()
     assert [(p.target.source, p.target.precision, p.draft.source) for p in saved] == [(SMOL_360, "int8", "demo-target")]

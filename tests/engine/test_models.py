@@ -196,7 +196,7 @@ def test_cached_repo_id_loads_offline(private_hub_cache, tiny_model_folder):
 
 
 def test_auto_precision_is_weight_only_int8_on_cuda_fp32_on_cpu_and_bf16_for_drafts():
-    assert resolve_precision("auto", torch.device("cpu")) == CPU_DEFAULT_PRECISION == "fp32"
+    assert resolve_precision("auto", torch.device("cpu")) == CPU_DEFAULT_PRECISION == "int8-wo"
     assert resolve_precision("auto", torch.device("cuda")) == "int8-wo"
     assert resolve_precision("fp16", torch.device("cpu")) == "fp16"
     # A draft's precision cannot change the output, only its speed.
