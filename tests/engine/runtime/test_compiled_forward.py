@@ -242,6 +242,31 @@ def test_llama_compiled_gives_the_eager_logits_through_a_prompt_a_tree_and_a_cha
     assert runtime.compiler._compiled.calls >= 4
 
 
+def test_int8_compiled_keeps_the_eager_logits_and_gives_a_verify_the_steps_logits_to_the_bit():
+    """The CPU default precision, compiled: its integer matmuls (int8_weights.py) run inside
+    the compiled graphs, and a k-token verify still gives each token the logits one-token
+    steps give it, as in the eager forward (test_int8_weights.py)."""
+    from engine.runtime.int8_weights import quantise_weight_only
+
+    from ..tiny_models import tiny_llama
+    from .test_static_families import VOCAB
+
+    model = quantise_weight_only(tiny_llama(seed=9, vocab_size=VOCAB, hidden=64))
+    ids = [5, 9, 11, 40, 2, 7, 33, 12, 3, 8, 17, 21]
+    verifying = compiled(model)
+    verifying.compiler._compiled = CompiledOnly(verifying.compiler._compiled)
+    verified = verifying.forward(ids, logits_wanted=10)
+    stepping = StaticTorchRuntime(model, torch.device("cpu"), 400, graphs=False, compile=True)
+    assert stepping.compiler is verifying.compiler  # the same compiled graphs, another cache
+    stepping.forward(ids[:2], logits_wanted=1)
+    stepped = torch.cat([stepping.forward([token], logits_wanted=1) for token in ids[2:]])
+    assert torch.equal(verified, stepped)
+    uncompiled = StaticTorchRuntime(model, torch.device("cpu"), 400, graphs=False).forward(ids, logits_wanted=10)
+    # A last-bit difference in attention can move an activation across a rounding step.
+    assert (verified - uncompiled).abs().max() <= 1e-3 * uncompiled.abs().max()
+    assert torch.equal(verified.argmax(-1), uncompiled.argmax(-1))
+
+
 def test_closing_the_last_runtime_stops_its_compile_and_lets_the_model_go():
     import gc
     import weakref as weak
