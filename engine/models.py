@@ -91,7 +91,7 @@ class LoadedModel:
         if self.model is not None and not self.hidden_size:
             config = self.model.config
             self.hidden_size, self.layer_count, self.vocab_size = config.hidden_size, config.num_hidden_layers, config.vocab_size
-            self.embeddings = lambda: self.model.get_input_embeddings().weight
+            self.embeddings = lambda: input_embedding_table(self.model)
 
     def open_runtime(self, hidden_states: bool = False, feature_layers: tuple[int, ...] = ()) -> ModelRuntime:
         """A fresh cache over the weights; `hidden_states` makes it return the final hidden
@@ -294,6 +294,14 @@ def resolve_source(spec: ModelSpec, progress: ProgressCallback | None = None) ->
     if REPO_ID.match(spec.source):
         return _hub_snapshot(spec.source)
     raise ModelLoadError(f"Model file not found: {path}")
+
+
+def input_embedding_table(model) -> torch.Tensor:
+    """The (V, H) input embedding rows as values, for an EAGLE-3 head that embeds its tokens
+    with the target's table: an int8 table is its rows times their scales, not the raw int8."""
+    embeddings = model.get_input_embeddings()
+    dequantised = getattr(embeddings, "dequantised", None)
+    return embeddings.weight if dequantised is None else dequantised()
 
 
 def resolve_precision(precision: str, device: torch.device, as_draft: bool = False) -> str:

@@ -95,6 +95,11 @@ class Int8Embedding(nn.Module):
         embed_scale = getattr(embedding, "embed_scale", None)
         self.register_buffer("embed_scale", None if embed_scale is None else embed_scale.to(embedding.weight.dtype), persistent=False)
 
+    def dequantised(self) -> torch.Tensor:
+        """The whole (V, H) table as values in the compute dtype (without Gemma's factor,
+        as nn.Embedding's weight is)."""
+        return (self.weight.float() * self.scale[:, None]).to(self.compute_dtype.dtype)
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = F.embedding(ids, self.weight).float() * self.scale[ids, None]  # (..., H) float32
         rows = rows.to(self.compute_dtype.dtype)

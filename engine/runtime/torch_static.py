@@ -62,7 +62,7 @@ class StaticCacheForward:
         self.feature_layers = tuple(feature_layers)
         config = model.config
         attention = model.model.layers[0].self_attn
-        dtype = model.dtype  # the compute dtype (an int8 weight-only model computes in bf16)
+        dtype = model.dtype  # the compute dtype (an int8-wo model: float32 on the CPU, bf16 on CUDA)
         kv_heads = config.num_key_value_heads
         self.query_groups = config.num_attention_heads // kv_heads  # query heads per key/value head
         self.rotate = rotary_function(model)

@@ -68,7 +68,7 @@ def add_ngram_table_command(subparsers: Any) -> None:
 
 def run_ngram_table(args: argparse.Namespace) -> int:
     folder = Path(args.draft).expanduser().resolve()
-    draft = load_model(ModelSpec(str(folder), "auto", args.device), runtime="torch")  # batched sampling reads the torch model
+    draft = load_model(ModelSpec(str(folder), "auto", args.device), runtime="torch", as_draft=True)  # batched sampling reads the torch model
     prompts = read_prompts(args.prompts)
     with tqdm(total=args.tokens, unit="tok", unit_scale=True, desc="draft replies", file=sys.stderr) as bar:
         counts, counted = build_table(draft, prompts, args.tokens, seed=args.seed, progress=bar.update)

@@ -279,3 +279,13 @@ def test_a_pair_on_llama_cpp_never_imports_transformers_model_classes():
     output = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True).stdout
     runtime, imported = output.split()[-2:]
     assert runtime.startswith("llama.cpp") and imported == "False"
+
+
+def test_an_int8_targets_embedding_table_is_handed_out_as_values_not_raw_int8(tiny_model_folder):
+    """An EAGLE-3 head embeds its tokens with the target's table: the int8 rows times their
+    scales, close to the float table, never the integers themselves."""
+    float_target = load_model(ModelSpec(str(tiny_model_folder), precision="fp32", device="cpu"))
+    int8_target = load_model(ModelSpec(str(tiny_model_folder), precision="int8-wo", device="cpu"))
+    expected, got = float_target.embeddings(), int8_target.embeddings()
+    assert got.dtype == torch.float32 and got.shape == expected.shape
+    assert (got - expected).abs().max() <= 0.01 * expected.abs().max()  # one int8 rounding per row
