@@ -28,7 +28,7 @@ VERIFIERS = ("token", "block")
 # one-token step gives it, to the bit, and greedy speculative output never drifts from
 # greedy target-only output. Float kernels round a k-row batch differently from one row;
 # bf16 visibly so (it drifted at near-ties), which is why the default was fp32. On the demo
-# target int8-wo decodes 1.5x faster than fp32 compiled, as fast eager, in 63% of the
+# target int8-wo decodes 1.6x faster than fp32 compiled, as fast eager, in 64% of the
 # memory, and agrees with the float model's next token 97% of the time (docs/BENCHMARKS.md);
 # it is the same 8-bit class as llama.cpp's default Q8_0 for GGUF targets.
 CPU_DEFAULT_PRECISION = "int8-wo"
