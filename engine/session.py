@@ -32,6 +32,7 @@ from .events import Event, Finished, PromptPrepared, PromptProgress, Provenance,
 from .heads.features import EXTRA_FEATURES
 from .heads.store import DraftHeads, find_heads
 from .models import LoadedModel, load_eagle_head, load_model
+from .runtime_choice import RuntimeChoice, applies_to, load_choice, with_choice
 from .paths import cache_dir
 from .runtime import ModelRuntime
 from .runtime.device import OUT_OF_MEMORY_ERRORS, memory_in_use_mb, release_cached_memory
@@ -73,6 +74,7 @@ class LoadedPair:
         self.vocab_size = self.target_runner.vocab_size
         self.ngram_model = BackoffNgram(self.vocab_size, _background_table(draft))
         self.heads: DraftHeads | None = None
+        self.runtime_choice: RuntimeChoice | None = None  # set when `tandem tune` chose the runtime
         self.heads_problem: str | None = None  # why calibrated heads could not be used
         if draft is not None:
             try:
@@ -152,6 +154,7 @@ class LoadedPair:
             "precision": self.target.precision,
             "context_length": self.context_length,
             "memory_mb": memory_in_use_mb(self.target.device),
+            "runtime_choice": self.runtime_choice.describe() if self.runtime_choice is not None else None,
         }
 
     @property
@@ -492,15 +495,21 @@ def load_pair(config: PairConfig, progress: ProgressCallback | None = None) -> L
 
 
 def _open_pair(config: PairConfig, progress: ProgressCallback | None, report: ProgressCallback) -> LoadedPair:
+    # What the user left to "auto" runs where `tandem tune` measured it fastest on this
+    # machine; the pair keeps the user's own settings (they are what gets saved).
+    choice = load_choice(config) if applies_to(config) else None
+    runs_as = with_choice(config, choice) if choice is not None else config
     report(f"Loading target {config.target.source}…", None)
-    target = load_model(config.target, progress, runtime=config.runtime, compile=config.compile)
+    target = load_model(runs_as.target, progress, runtime=runs_as.runtime, compile=config.compile)
     draft = None
     if config.draft is not None:
         report(f"Loading draft {config.draft.source}…", None)
-        draft = load_model(config.draft, progress, as_draft=True, runtime=config.runtime, compile=config.compile)
+        draft = load_model(config.draft, progress, as_draft=True, runtime=runs_as.runtime, compile=config.compile)
         check_pair_compatible(target.tokenizer, draft.tokenizer)
     eagle = None
     if config.eagle is not None:
         report(f"Loading EAGLE-3 head {config.eagle}…", None)
         eagle = load_eagle_head(config.eagle, target)
-    return LoadedPair(config, target, draft, eagle)
+    pair = LoadedPair(config, target, draft, eagle)
+    pair.runtime_choice = choice
+    return pair
