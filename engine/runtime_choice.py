@@ -8,9 +8,12 @@ llama.cpp on the CPU pays 2.6x for 8. `tandem tune` (an offline tool) measures e
 costs for the pair on this machine, re-prices the same replies with them, and writes the
 winner here; a pair loaded with "auto" runtime and "auto" target precision then uses it.
 
+The choice places the target; the draft follows it where it can run there (torch runs any
+model, llama.cpp needs the draft's GGUF file) and is otherwise placed as "auto" places it.
 A choice is kept per pair (its models, not the settings that it chooses) and per machine
-(processor, threads, GPU, library versions): another machine, or an upgraded torch, measures
-again. It is a cache: a file that cannot be read counts as no choice.
+(processor, threads, GPU, library versions, whether torch may compile): another machine, or
+an upgraded torch, measures again. It is a cache: a file that cannot be read counts as no
+choice, and one whose runtime no longer loads the pair is dropped (session.load_pair).
 """
 from __future__ import annotations
 
@@ -24,8 +27,10 @@ from typing import Any
 
 import torch
 
-from .config import PairConfig
+from .config import ModelSpec, PairConfig
+from .models import runtime_gguf
 from .paths import cache_dir
+from .runtime.compiled_forward import compile_allowed
 from .runtime.cpu import chosen_threads, cpu_name
 from .runtime.device import resolve_device
 
@@ -70,9 +75,23 @@ def applies_to(config: PairConfig) -> bool:
     return config.runtime == "auto" and config.target.precision == "auto"
 
 
-def with_choice(config: PairConfig, choice: RuntimeChoice) -> PairConfig:
-    """`config` on the chosen runtime, its target at the chosen precision."""
-    return replace(config, runtime=choice.runtime, target=replace(config.target, precision=choice.precision))
+@dataclass(frozen=True)
+class Placement:
+    """Where a pair's models load: the target (with its precision) and the draft's runtime."""
+
+    target: ModelSpec
+    target_runtime: str
+    draft_runtime: str
+
+
+def placement(config: PairConfig, choice: RuntimeChoice | None) -> Placement:
+    """`config`'s models as its own settings place them, or with the target on `choice`'s
+    runtime and precision and the draft following it where the draft can run there."""
+    if choice is None:
+        return Placement(config.target, config.runtime, config.runtime)
+    draft_follows = config.draft is None or choice.runtime == "torch" or runtime_gguf(config.draft, "auto") is not None
+    return Placement(replace(config.target, precision=choice.precision), choice.runtime,
+                     choice.runtime if draft_follows else config.runtime)
 
 
 def load_choice(config: PairConfig) -> RuntimeChoice | None:
@@ -81,6 +100,10 @@ def load_choice(config: PairConfig) -> RuntimeChoice | None:
         return RuntimeChoice.from_dict(json.loads(choice_path(config).read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def forget_choice(config: PairConfig) -> None:
+    choice_path(config).unlink(missing_ok=True)
 
 
 def save_choice(config: PairConfig, choice: RuntimeChoice) -> Path:
@@ -98,8 +121,8 @@ def choice_path(config: PairConfig) -> Path:
 
 
 def _pair_key(config: PairConfig) -> str:
-    """The pair's models: not its runtime, its target's precision or the compile setting,
-    which are what the choice decides (or what the compile does not change)."""
+    """The pair's models: not its runtime or its target's precision, which are what the
+    choice decides, nor its name or compile setting (the machine key has the latter)."""
     described = config.to_dict()
     described.pop("runtime", None)
     described.pop("compile", None)
@@ -112,8 +135,10 @@ def _pair_key(config: PairConfig) -> str:
 def _machine_key(config: PairConfig) -> str:
     device = resolve_device(config.target.device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "no gpu"
+    # Whether torch compiles decides its speed on a CPU (1.6x): a choice measured compiled
+    # does not hold for a pair, or a process, that does not compile.
     return "|".join((cpu_name(), str(os.cpu_count()), str(chosen_threads() or ""), gpu,
-                     _version("torch"), _version("llama-cpp-python")))
+                     _version("torch"), _version("llama-cpp-python"), f"compile={compile_allowed(config.compile)}"))
 
 
 def _version(package: str) -> str:

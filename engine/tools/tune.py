@@ -8,10 +8,13 @@ between runtimes than a step does. So:
    bf16 on a GPU) loads the pair, waits for its background compile, and records its cost
    table: a target forward over 1-64 tokens and one call of each drafter (`costs.py`).
 2. The first candidate that loads writes greedy replies with every exact method the pair
-   offers. What was drafted and accepted is the models' doing, not the runtime's, so those
-   same rounds are re-priced with each candidate's table. The engine's own time (Python,
-   trees, sampling: the reply's seconds less its model calls) is the same on every runtime
-   and is added to each candidate alike.
+   offers, trees at one fixed shape (the automatic shape would fit the trees to that first
+   runtime's costs: on a CPU it mostly stops drafting). What was drafted and accepted is
+   then the models' doing, not the runtime's, so those same rounds are re-priced with each
+   candidate's table. What the table does not price (Python, sampling, accepting a tree,
+   a draft reading the prompt) is what the reply took beyond its price on the first
+   candidate's own table, and is added to each candidate alike: the first candidate's
+   prediction is its measured speed.
 3. A candidate's throughput is its fastest method's; the fastest candidate is saved for the
    pair on this machine (`engine.runtime_choice`), where "auto" runtime finds it.
 """
@@ -30,12 +33,14 @@ from typing import Any
 from .. import methods
 from ..config import ConfigError, DecodeSettings, PairConfig
 from ..errors import TandemError
-from ..runtime_choice import RuntimeChoice, runtime_label, save_choice, with_choice
+from ..runtime.device import OUT_OF_MEMORY_ERRORS
+from ..runtime_choice import RuntimeChoice, runtime_label, save_choice
 from .bench import Bench, MethodResult, machine_description
 from .costs import CostTable, drafter_of, measure_costs
 
 DEFAULT_PROMPTS = 6
 DEFAULT_MAX_NEW_TOKENS = 96
+TREE_SHAPE = "8x4"  # the trees' fixed shape while replies are written: 8 nodes, 4 deep
 
 
 @dataclass(frozen=True)
@@ -74,24 +79,25 @@ def default_candidates(config: PairConfig) -> list[Candidate]:
     return found
 
 
-def predicted_tokens_per_s(result: MethodResult, table: CostTable) -> float:
-    """`result`'s replies at `table`'s prices: each model call re-priced, the engine's own
-    time kept as measured."""
+def predicted_tokens_per_s(result: MethodResult, written_on: CostTable, table: CostTable) -> float:
+    """`result`'s replies, written where `written_on` was measured, at `table`'s prices: each
+    model call re-priced, what the tables do not price kept as it was."""
     drafter = drafter_of(result.method)
     tokens, seconds = 0, 0.0
     for run in result.runs:
-        stats = run.stats
-        # Draft time is re-priced where a model drafted (n-gram lookups make no draft calls).
-        priced_draft = stats.draft_calls > 0 and drafter in table.draft_call_ms
-        model_seconds = stats.target_time_s + (stats.draft_time_s if priced_draft else 0.0)
-        seconds += max(run.seconds - model_seconds, 0.0) + table.reply_seconds(stats, drafter)
+        # Not clamped at zero: a table's median may price a call above what it took in this
+        # reply, and the difference then belongs to every candidate alike.
+        unpriced = run.seconds - written_on.reply_seconds(run.stats, drafter)
+        seconds += unpriced + table.reply_seconds(run.stats, drafter)
         tokens += len(run.token_ids)
     return tokens / seconds if seconds > 0 else 0.0
 
 
-def choose(replies: dict[str, MethodResult], tables: dict[Candidate, CostTable]) -> tuple[Candidate, str, dict[str, dict[str, float]]]:
+def choose(
+    replies: dict[str, MethodResult], written_on: CostTable, tables: dict[Candidate, CostTable]
+) -> tuple[Candidate, str, dict[str, dict[str, float]]]:
     """The fastest (candidate, method), and every candidate's predicted tokens/s per method."""
-    predicted = {candidate.label: {method: predicted_tokens_per_s(result, table) for method, result in replies.items()}
+    predicted = {candidate.label: {method: predicted_tokens_per_s(result, written_on, table) for method, result in replies.items()}
                  for candidate, table in tables.items()}
     best = max(tables, key=lambda candidate: max(predicted[candidate.label].values()))
     method = max(predicted[best.label], key=predicted[best.label].__getitem__)
@@ -100,53 +106,64 @@ def choose(replies: dict[str, MethodResult], tables: dict[Candidate, CostTable])
 
 def tune(
     config: PairConfig, candidates: list[Candidate], prompts: list[str], settings: DecodeSettings,
-    load: Callable[[PairConfig], Any], progress: Callable[[str], None] = print,
+    load: Callable[[PairConfig, RuntimeChoice], Any], progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Measure every candidate, choose, save; returns the report."""
+    """Measure every candidate, choose, save; returns the report. `load(config, choice)` loads
+    the pair with its target placed by `choice` (session.load_pair)."""
     tables: dict[Candidate, CostTable] = {}
     skipped: dict[str, str] = {}
     replies: dict[str, MethodResult] | None = None
-    measured_on = ""
+    measured_on: Candidate | None = None
     machine: dict[str, Any] = {}
+    settings = settings.with_changes(tree_shape=TREE_SHAPE)
     for candidate in candidates:
         progress(f"{candidate.label}: loading the pair…")
         try:
-            pair = load(with_choice(config, _as_choice(candidate)))
-        except (TandemError, ConfigError, MemoryError) as error:  # a runtime this pair cannot use here
+            pair = load(config, _as_choice(candidate))
+        except (TandemError, ConfigError, *OUT_OF_MEMORY_ERRORS) as error:  # a runtime this pair cannot use here
             skipped[candidate.label] = str(error)
             progress(f"{candidate.label}: skipped ({error})")
             continue
         try:
-            if pair.has_background_work:
-                progress(f"{candidate.label}: compiling the forwards first (minutes the first time)…")
-                started = time.perf_counter()
-                pair.wait_for_background_work()
-                progress(f"{candidate.label}: runtime {pair.runtime_label} (waited {time.perf_counter() - started:.0f} s)")
-            machine = machine or machine_description(pair)
-            device = machine.get("gpu") or machine["processor"]
-            progress(f"{candidate.label}: measuring what a call costs…")
-            tables[candidate] = measure_costs(pair, device)
+            _measure(candidate, pair, tables, machine, progress)
             if replies is None:
-                measured_on = candidate.label
                 offered = [m for m in pair.methods if methods.is_exact(m) and m != "auto"]
                 progress(f"{candidate.label}: replies with {', '.join(offered)} ({len(prompts)} prompts)…")
-                replies = Bench(pair, settings).replies(prompts, offered, progress)
+                replies, measured_on = Bench(pair, settings).replies(prompts, offered, progress), candidate
+        except (TandemError, *OUT_OF_MEMORY_ERRORS) as error:  # e.g. a GPU that fits the weights but not a verify
+            tables.pop(candidate, None)
+            skipped[candidate.label] = str(error) or type(error).__name__
+            progress(f"{candidate.label}: skipped ({error})")
         finally:
             pair.close()
-    if not tables or replies is None:
+    if replies is None or measured_on is None:
         raise ConfigError("no candidate runtime could load the pair: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
-    best, method, predicted = choose(replies, tables)
+    best, method, predicted = choose(replies, tables[measured_on], tables)
     choice = RuntimeChoice(best.runtime, best.precision, method, predicted[best.label][method], time.strftime("%Y-%m-%d"),
                            {label: max(speeds.values()) for label, speeds in predicted.items()})
     saved = save_choice(config, choice)
     return {
         "machine": machine, "pair": config.name, "chosen": choice.to_dict(), "saved_to": str(saved),
-        "replies_measured_on": measured_on,
+        "replies_measured_on": measured_on.label, "tree_shape": TREE_SHAPE,
         "measured_tokens_per_s": {method: _measured(result) for method, result in replies.items()},
         "predicted_tokens_per_s": predicted,
         "cost_tables": {candidate.label: table.to_dict() for candidate, table in tables.items()},
         "skipped": skipped,
     }
+
+
+def _measure(candidate: Candidate, pair: Any, tables: dict[Candidate, CostTable], machine: dict[str, Any], progress: Callable[[str], None]) -> None:
+    """`candidate`'s cost table, once its background compile is done; `machine` is filled in
+    the first time."""
+    if pair.has_background_work:
+        progress(f"{candidate.label}: compiling the forwards first (minutes the first time)…")
+        started = time.perf_counter()
+        pair.wait_for_background_work()
+        progress(f"{candidate.label}: runtime {pair.runtime_label} (waited {time.perf_counter() - started:.0f} s)")
+    if not machine:
+        machine.update(machine_description(pair))
+    progress(f"{candidate.label}: measuring what a call costs…")
+    tables[candidate] = measure_costs(pair, machine.get("gpu") or machine["processor"])
 
 
 def _as_choice(candidate: Candidate) -> RuntimeChoice:
@@ -161,8 +178,8 @@ def _measured(result: MethodResult) -> float:
 def format_report(report: dict[str, Any]) -> str:
     predicted = report["predicted_tokens_per_s"]
     method_names = list(next(iter(predicted.values())))
-    lines = [f"Predicted tok/s per runtime (replies written on {report['replies_measured_on']}, re-priced with each "
-             f"runtime's measured costs; measured there: "
+    lines = [f"Predicted tok/s per runtime (replies written on {report['replies_measured_on']}, trees {report['tree_shape']}, "
+             f"re-priced with each runtime's measured costs; measured there: "
              + ", ".join(f"{m} {s:.1f}" for m, s in report["measured_tokens_per_s"].items()) + ")", ""]
     width = max(len(label) for label in predicted) + 2
     lines.append("runtime".ljust(width) + "".join(f"{m:>12}" for m in method_names) + "   verify 1/8 ms")
@@ -216,8 +233,8 @@ def run_tune(args: argparse.Namespace) -> int:
     def report(line: str) -> None:
         print(f"  {line}", file=sys.stderr)
 
-    def load(candidate_config: PairConfig):
-        return load_pair(candidate_config, lambda message, fraction: report(message))
+    def load(pair_config: PairConfig, choice: RuntimeChoice):
+        return load_pair(pair_config, lambda message, fraction: report(message), choice)
 
     result = tune(config, candidates, prompts, DecodeSettings(max_new_tokens=args.max_new_tokens), load, report)
     print(format_report(result))

@@ -3,12 +3,13 @@ each (the verify curve), not by plain decoding speed; a saved choice is what "au
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from engine.config import ConfigError, DecodeSettings, ModelSpec, PairConfig
 from engine.errors import ModelLoadError
-from engine.runtime_choice import RuntimeChoice, applies_to, choice_path, load_choice, save_choice, with_choice
+from engine.runtime_choice import RuntimeChoice, applies_to, choice_path, load_choice, placement, save_choice
 from engine.session import load_pair
 from engine.stats import GenerationStats
 from engine.tools.bench import MethodResult, RunRecord
@@ -30,31 +31,45 @@ def result(method: str, call_tokens: list[int], tokens: int, seconds: float, mod
     return MethodResult(method, [RunRecord(0, tuple(range(tokens)), seconds, stats)])
 
 
-def test_a_reply_is_repriced_model_call_by_call_and_keeps_the_engines_own_time():
-    # 10 one-token target calls that took 0.8 s of a 1 s reply: 0.2 s was the engine's own.
-    plain = result("ar", [1] * 10, tokens=10, seconds=1.0, model_seconds=0.8)
-    assert predicted_tokens_per_s(plain, table("x", 30.0, 60.0)) == pytest.approx(10 / (0.2 + 10 * 0.030))
-    # A draft model's calls are priced by the table too: their measured time is replaced, not added.
-    drafted = result("chain", [8] * 4, tokens=12, seconds=1.0, model_seconds=0.5, draft_calls=16)
-    drafted.runs[0].stats.draft_time_s = 0.1
-    assert predicted_tokens_per_s(drafted, table("x", 30.0, 60.0)) == pytest.approx(12 / (0.4 + 4 * 0.060 + 16 * 0.001))
+def test_a_reply_is_repriced_model_call_by_call_and_keeps_what_the_tables_do_not_price():
+    # 10 one-token target calls, 0.3 s at the prices of the runtime that wrote the reply, in a
+    # reply of 0.5 s: 0.2 s went to what no table prices (Python, sampling, accepting).
+    written_on, cheaper = table("here", 30.0, 60.0), table("there", 15.0, 30.0)
+    plain = result("ar", [1] * 10, tokens=10, seconds=0.5, model_seconds=0.3)
+    assert predicted_tokens_per_s(plain, written_on, written_on) == pytest.approx(10 / 0.5)  # its measured speed
+    assert predicted_tokens_per_s(plain, written_on, cheaper) == pytest.approx(10 / (0.2 + 10 * 0.015))
+    # A draft model's calls are re-priced too (chain's row needs no draft model, but it drafts with the pair's).
+    drafted = result("chain", [8] * 4, tokens=12, seconds=0.5, model_seconds=0.3, draft_calls=16)
+    here_s = 4 * 0.060 + 16 * 0.001
+    there_s = 4 * 0.030 + 16 * 0.001
+    assert predicted_tokens_per_s(drafted, written_on, cheaper) == pytest.approx(12 / (0.5 - here_s + there_s))
 
 
 def test_the_runtime_with_the_cheaper_verify_wins_even_with_a_slower_step():
     replies = {
-        "ar": result("ar", [1] * 30, tokens=30, seconds=0.40, model_seconds=0.30),
-        "tree": result("tree", [8] * 10, tokens=30, seconds=0.50, model_seconds=0.40, draft_calls=30),
+        "ar": result("ar", [1] * 30, tokens=30, seconds=0.35, model_seconds=0.30),
+        "tree": result("tree", [8] * 10, tokens=30, seconds=0.45, model_seconds=0.40, draft_calls=30),
     }
     steep = Candidate("llama.cpp", "auto")  # the faster step, but 8 tokens cost 3.5 steps
     flat = Candidate("torch", "auto")  # a slower step, 8 tokens for 1.2 steps
     tables = {steep: table("steep", 10.0, 35.0), flat: table("flat", 12.0, 14.4)}
-    best, method, predicted = choose(replies, tables)
+    best, method, predicted = choose(replies, tables[steep], tables)
     assert predicted["llama.cpp"]["ar"] > predicted["torch"]["ar"]  # plain decoding alone would pick llama.cpp
     assert (best, method) == (flat, "tree")
     assert predicted["torch"]["tree"] > predicted["llama.cpp"]["ar"]
     # The same replies, where verifying costs as much everywhere: the cheaper step wins.
     tables[flat] = table("steep too", 12.0, 42.0)
-    assert choose(replies, tables)[:2] == (steep, "ar")
+    assert choose(replies, tables[steep], tables)[:2] == (steep, "ar")
+
+
+def test_a_choice_measured_compiled_does_not_hold_where_torch_may_not_compile(monkeypatch):
+    pair = PairConfig("mine", ModelSpec("some/target"), None)
+    monkeypatch.setenv("TANDEM_COMPILE", "1")
+    save_choice(pair, CHOICE)
+    assert load_choice(pair) == CHOICE
+    assert load_choice(dataclasses.replace(pair, compile=False)) is None
+    monkeypatch.setenv("TANDEM_COMPILE", "0")
+    assert load_choice(pair) is None
 
 
 def test_a_choice_is_kept_per_pair_and_machine_whatever_runtime_the_pair_asks_for():
@@ -63,7 +78,7 @@ def test_a_choice_is_kept_per_pair_and_machine_whatever_runtime_the_pair_asks_fo
     save_choice(pair, CHOICE)
     assert load_choice(pair) == CHOICE
     # The key is the pair's models, not what the choice decides, nor its name.
-    assert load_choice(dataclasses.replace(pair, runtime="torch", name="renamed", compile=False)) == CHOICE
+    assert load_choice(dataclasses.replace(pair, runtime="torch", name="renamed")) == CHOICE
     assert load_choice(dataclasses.replace(pair, target=ModelSpec("some/target", precision="bf16"))) == CHOICE
     assert load_choice(dataclasses.replace(pair, target=ModelSpec("other/target"))) is None
     assert load_choice(dataclasses.replace(pair, draft=None)) is None
@@ -71,8 +86,9 @@ def test_a_choice_is_kept_per_pair_and_machine_whatever_runtime_the_pair_asks_fo
     assert applies_to(pair)
     assert not applies_to(dataclasses.replace(pair, runtime="llama.cpp"))
     assert not applies_to(dataclasses.replace(pair, target=ModelSpec("some/target", precision="bf16")))
-    chosen = with_choice(pair, CHOICE)
-    assert (chosen.runtime, chosen.target.precision, chosen.draft) == ("torch", "fp32", pair.draft)
+    placed = placement(pair, CHOICE)  # torch runs any draft: the draft follows the target
+    assert (placed.target.precision, placed.target_runtime, placed.draft_runtime) == ("fp32", "torch", "torch")
+    assert placement(pair, None).target == pair.target
     # A damaged cache file is no choice, not an error.
     choice_path(pair).write_text("{not json", encoding="utf-8")
     assert load_choice(pair) is None
@@ -88,39 +104,48 @@ def test_candidates_parse_and_bad_ones_are_refused():
 
 @pytest.fixture
 def two_runtime_pair(tmp_path) -> PairConfig:
-    """A tiny random Llama as a folder with a GGUF export beside it: both runtimes can run it."""
+    """A tiny random Llama target as a folder with a GGUF export beside it (both runtimes can
+    run it), and a draft without one (only torch can)."""
     pytest.importorskip("llama_cpp")
-    folder = tmp_path / "target"
-    tiny_gguf(tiny_llama(seed=4, vocab_size=64), folder)
-    return PairConfig("tiny", ModelSpec(str(folder)), None)
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    tiny_gguf(tiny_llama(seed=4, vocab_size=64), target)
+    tiny_gguf(tiny_llama(seed=5, vocab_size=64, layers=1), draft)
+    for exported in draft.glob("*.gguf"):
+        exported.unlink()
+    return PairConfig("tiny", ModelSpec(str(target)), ModelSpec(str(draft)))
 
 
 def test_tune_measures_each_runtime_saves_the_fastest_and_auto_then_loads_it(two_runtime_pair):
     config = two_runtime_pair
     plain = load_pair(config)
-    assert plain.target.runtime == "llama.cpp" and plain.runtime_choice is None  # the unmeasured default
+    assert (plain.target.runtime, plain.draft.runtime) == ("llama.cpp", "torch")  # the unmeasured default
+    assert plain.runtime_choice is None
     plain.close()
     candidates = [Candidate("llama.cpp", "auto"), Candidate("torch", "fp32"), Candidate("torch", "bf16")]
     loaded = []
 
-    def load(candidate_config: PairConfig):
-        loaded.append((candidate_config.runtime, candidate_config.target.precision))
-        if candidate_config.target.precision == "bf16":
+    def load(pair_config: PairConfig, choice: RuntimeChoice):
+        if choice.precision == "bf16":
             raise ModelLoadError("Not enough memory for the target in bf16.")  # a candidate this machine cannot run
-        return load_pair(candidate_config)
+        pair = load_pair(pair_config, choice=choice)
+        loaded.append((pair.target.runtime.split(" ")[0], pair.target.precision, pair.draft.runtime.split(" ")[0]))
+        return pair
 
     report = tune(config, candidates, ["ab ce", "da bb"], DecodeSettings(max_new_tokens=6), load, progress=lambda line: None)
-    assert loaded == [("llama.cpp", "auto"), ("torch", "fp32"), ("torch", "bf16")]
+    # llama.cpp: the draft, which has no GGUF file, stays on torch as auto would place it.
+    assert loaded == [("llama.cpp", "Q8_0", "torch"), ("torch", "fp32", "torch")]
     assert set(report["cost_tables"]) == {"llama.cpp", "torch fp32"}
     assert report["skipped"] == {"torch bf16": "Not enough memory for the target in bf16."}
-    # The replies were written once, on the first candidate, with every exact method the pair offers.
-    assert report["replies_measured_on"] == "llama.cpp" and "ar" in report["measured_tokens_per_s"]
-    assert set(report["predicted_tokens_per_s"]["torch fp32"]) == set(report["measured_tokens_per_s"])
+    # The replies were written once, on the first candidate, with every exact method the pair
+    # offers; re-priced with that candidate's own table they come back at their measured speed.
+    assert report["replies_measured_on"] == "llama.cpp"
+    assert {"ar", "chain", "tree"} <= set(report["measured_tokens_per_s"])
+    for method, measured in report["measured_tokens_per_s"].items():
+        assert report["predicted_tokens_per_s"]["llama.cpp"][method] == pytest.approx(measured, rel=1e-6)
     predicted = report["predicted_tokens_per_s"]
     best = max(predicted, key=lambda label: max(predicted[label].values()))
     chosen = report["chosen"]
     assert (chosen["runtime"], chosen["precision"]) == {"llama.cpp": ("llama.cpp", "auto"), "torch fp32": ("torch", "fp32")}[best]
-    assert chosen["tokens_per_s"] == max(predicted[best].values())
 
     saved = load_choice(config)
     assert saved is not None and saved.runtime == chosen["runtime"]
@@ -134,6 +159,39 @@ def test_tune_measures_each_runtime_saves_the_fastest_and_auto_then_loads_it(two
     finally:
         pair.close()
     # A pair that fixes its runtime ignores the choice.
-    fixed = load_pair(dataclasses.replace(config, runtime="llama.cpp"))
+    fixed = load_pair(dataclasses.replace(config, runtime="llama.cpp", draft=None))
     assert fixed.target.runtime == "llama.cpp" and fixed.runtime_choice is None
     fixed.close()
+
+
+def test_a_choice_that_no_longer_loads_is_dropped_and_the_pair_loads_as_auto(two_runtime_pair):
+    config = dataclasses.replace(two_runtime_pair, draft=None)
+    save_choice(config, dataclasses.replace(CHOICE, runtime="llama.cpp", precision="auto"))
+    for exported in Path(config.target.source).glob("*.gguf"):
+        exported.unlink()  # the GGUF export the choice ran on is gone
+    messages = []
+    pair = load_pair(config, lambda message, fraction: messages.append(message))
+    try:
+        assert pair.target.runtime.startswith("torch") and pair.runtime_choice is None
+        assert any("tandem tune chose (llama.cpp) no longer loads" in message for message in messages)
+        assert load_choice(config) is None  # measured again next time, not tried again
+    finally:
+        pair.close()
+
+
+def test_a_pair_whose_draft_fails_to_load_does_not_keep_its_target(two_runtime_pair, monkeypatch):
+    from engine import session
+    from engine.errors import IncompatiblePairError
+    from engine.models import LoadedModel
+
+    closed = []
+    close = LoadedModel.close
+    monkeypatch.setattr(LoadedModel, "close", lambda self: closed.append(self.label) or close(self))
+
+    def refuse(target_tokenizer, draft_tokenizer):
+        raise IncompatiblePairError("the tokenizers differ")
+
+    monkeypatch.setattr(session, "check_pair_compatible", refuse)
+    with pytest.raises(IncompatiblePairError):
+        load_pair(two_runtime_pair)
+    assert len(closed) == 2  # the draft and the target
