@@ -53,6 +53,8 @@ def about_rows(pair: PairInfo | None, added_models: list[str]) -> dict[str, list
             ("Runs on", f"{described.get('device', '?')}, {described.get('precision', '?')}, "
                         f"{described.get('runtime', 'torch')}"),
         ]
+        if described.get("runtime_choice"):
+            pair_rows.append(("Runtime chosen", described["runtime_choice"]))
 
     folders = locations()
     files = [

@@ -253,6 +253,8 @@ def detail_rows(figures: dict) -> list[tuple[str, str]]:
         rows.append(("Pair", f"{pair.get('name', '?')}: {pair.get('target', '?')} + {pair.get('draft', '?')}"))
         rows.append(("Device", f"{pair.get('device', '?')}, {pair.get('precision', '?')}, {memory(pair.get('memory_mb'))}"))
         rows.append(("Runtime", pair.get("runtime", "torch")))
+        if pair.get("runtime_choice"):
+            rows.append(("Runtime chosen", pair["runtime_choice"]))
     return rows
 
 

@@ -189,6 +189,8 @@ class SpeedPanel(QDockWidget):
             f"{description.get('device', '?')}, {description.get('precision', '?')}"
         )
         self.values["runtime"].setText(description.get("runtime", "torch"))
+        chosen = description.get("runtime_choice")
+        self.values["runtime"].setToolTip(f"{fmt.FIGURE_TIPS['runtime']}\n\nChosen by measurement: {chosen}" if chosen else fmt.FIGURE_TIPS["runtime"])
         self.values["memory"].setText(fmt.memory(description.get("memory_mb")))
 
     def _add_row(self, grid: QGridLayout, key: str, title: str, value: QWidget) -> None:

@@ -58,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     from .tools.ngram_table import add_ngram_table_command
     from .tools.export_gguf import add_export_gguf_command
     from .tools.calibrate.command import add_calibrate_command
+    from .tools.tune import add_tune_command
 
     parser = argparse.ArgumentParser(
         prog="tandem",
@@ -119,6 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     add_ngram_table_command(commands)
     add_export_gguf_command(commands)
     add_calibrate_command(commands)
+    add_tune_command(commands)
     return parser
 
 

@@ -32,6 +32,7 @@ from .events import Event, Finished, PromptPrepared, PromptProgress, Provenance,
 from .heads.features import EXTRA_FEATURES
 from .heads.store import DraftHeads, find_heads
 from .models import LoadedModel, load_eagle_head, load_model
+from .runtime_choice import RuntimeChoice, applies_to, forget_choice, load_choice, placement
 from .paths import cache_dir
 from .runtime import ModelRuntime
 from .runtime.device import OUT_OF_MEMORY_ERRORS, memory_in_use_mb, release_cached_memory
@@ -73,6 +74,7 @@ class LoadedPair:
         self.vocab_size = self.target_runner.vocab_size
         self.ngram_model = BackoffNgram(self.vocab_size, _background_table(draft))
         self.heads: DraftHeads | None = None
+        self.runtime_choice: RuntimeChoice | None = None  # set when `tandem tune` chose the runtime
         self.heads_problem: str | None = None  # why calibrated heads could not be used
         if draft is not None:
             try:
@@ -152,6 +154,7 @@ class LoadedPair:
             "precision": self.target.precision,
             "context_length": self.context_length,
             "memory_mb": memory_in_use_mb(self.target.device),
+            "runtime_choice": self.runtime_choice.describe() if self.runtime_choice is not None else None,
         }
 
     @property
@@ -472,11 +475,26 @@ def _generator(seed: int | None) -> torch.Generator:
     return generator
 
 
-def load_pair(config: PairConfig, progress: ProgressCallback | None = None) -> LoadedPair:
-    """Load the target and the draft of `config`, and check that they can work together."""
+def load_pair(config: PairConfig, progress: ProgressCallback | None = None, choice: RuntimeChoice | None = None) -> LoadedPair:
+    """Load the target and the draft of `config`, and check that they can work together.
+    `choice` places the target on a runtime and precision (`tandem tune` trying one); without
+    it, the choice `tandem tune` saved for this pair here, where the pair leaves both to auto."""
     report = progress or (lambda message, fraction: None)
+    # What the user left to "auto" runs where `tandem tune` measured it fastest on this machine.
+    saved = load_choice(config) if choice is None and applies_to(config) else None
     with heap.loading():  # what outlives the load; warming up and measuring run as replies do
-        pair = _open_pair(config, progress, report)
+        try:
+            pair = _open_pair(config, progress, report, choice or saved)
+        except (ModelLoadError, OutOfMemoryError) as error:
+            if saved is None:
+                raise
+            # A choice that no longer loads (its GGUF export deleted, a GPU with less memory
+            # free) must not lock the user out of the pair: load it as auto, and measure again.
+            forget_choice(config)
+            report(f"The runtime tandem tune chose ({saved.label}) no longer loads the pair ({error}); loading it as auto.", None)
+            saved = None
+            pair = _open_pair(config, progress, report, None)
+    pair.runtime_choice = saved
     for runner in (pair.target_runner, pair.draft_runner):
         if runner is not None and runner.warm_up_message:
             report(runner.warm_up_message, None)
@@ -491,16 +509,26 @@ def load_pair(config: PairConfig, progress: ProgressCallback | None = None) -> L
     return pair
 
 
-def _open_pair(config: PairConfig, progress: ProgressCallback | None, report: ProgressCallback) -> LoadedPair:
+def _open_pair(
+    config: PairConfig, progress: ProgressCallback | None, report: ProgressCallback, choice: RuntimeChoice | None
+) -> LoadedPair:
+    # The pair keeps the user's own settings whatever `choice` places where: they are what gets saved.
+    placed = placement(config, choice)
     report(f"Loading target {config.target.source}…", None)
-    target = load_model(config.target, progress, runtime=config.runtime, compile=config.compile)
+    target = load_model(placed.target, progress, runtime=placed.target_runtime, compile=config.compile)
     draft = None
-    if config.draft is not None:
-        report(f"Loading draft {config.draft.source}…", None)
-        draft = load_model(config.draft, progress, as_draft=True, runtime=config.runtime, compile=config.compile)
-        check_pair_compatible(target.tokenizer, draft.tokenizer)
-    eagle = None
-    if config.eagle is not None:
-        report(f"Loading EAGLE-3 head {config.eagle}…", None)
-        eagle = load_eagle_head(config.eagle, target)
-    return LoadedPair(config, target, draft, eagle)
+    try:
+        if config.draft is not None:
+            report(f"Loading draft {config.draft.source}…", None)
+            draft = load_model(config.draft, progress, as_draft=True, runtime=placed.draft_runtime, compile=config.compile)
+            check_pair_compatible(target.tokenizer, draft.tokenizer)
+        eagle = None
+        if config.eagle is not None:
+            report(f"Loading EAGLE-3 head {config.eagle}…", None)
+            eagle = load_eagle_head(config.eagle, target)
+        return LoadedPair(config, target, draft, eagle)
+    except BaseException:
+        for model in (draft, target):  # a half-loaded pair must not stay in memory
+            if model is not None:
+                model.close()
+        raise

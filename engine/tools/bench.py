@@ -176,6 +176,22 @@ class Bench:
         self.cost_table = cost_table  # another device's costs, to predict each method's speed there
 
     def run(self, prompts: list[str], methods: list[str], progress: Callable[[str], None] = print) -> dict:
+        results = self.replies(prompts, methods, progress)
+        progress("scoring every output with the target…")
+        self._score_with_target(prompts, results)
+        reference = results.get("ar")
+        learnt_shapes = {} if self.settings.fixed_tree_shape else self.pair.auto_tree_shapes
+        return {
+            "machine": machine_description(self.pair),
+            "pair": self.pair.describe(),
+            "settings": self.settings.to_dict() | {"prompts": len(prompts)},
+            "results": [results[method].summary(reference, self.cost_table) for method in methods],
+            "cost_table": self.cost_table.to_dict() if self.cost_table else None,
+            "tree_shapes": {method: learnt_shapes[method].describe() for method in methods if method in learnt_shapes},
+        }
+
+    def replies(self, prompts: list[str], methods: list[str], progress: Callable[[str], None] = print) -> dict[str, MethodResult]:
+        """Every method's timed reply to every prompt, methods interleaved, after a warm-up."""
         unsupported = [m for m in methods if m in ENGINE_METHODS and m not in self.pair.methods]
         if unsupported:
             raise ConfigError(f"{method_refusal(self.pair, unsupported[0])} It offers {', '.join(self.pair.methods)}.")
@@ -193,18 +209,7 @@ class Bench:
                 results[method].runs.append(RunRecord(index, token_ids, seconds, stats))
                 results[method].peak_rss_mb = max(results[method].peak_rss_mb, peak())
                 progress(f"prompt {index + 1}/{len(prompts)} {method:>12}: {len(token_ids) / seconds:6.1f} tok/s")
-        progress("scoring every output with the target…")
-        self._score_with_target(prompts, results)
-        reference = results.get("ar")
-        learnt_shapes = {} if self.settings.fixed_tree_shape else self.pair.auto_tree_shapes
-        return {
-            "machine": machine_description(self.pair),
-            "pair": self.pair.describe(),
-            "settings": self.settings.to_dict() | {"prompts": len(prompts)},
-            "results": [results[method].summary(reference, self.cost_table) for method in methods],
-            "cost_table": self.cost_table.to_dict() if self.cost_table else None,
-            "tree_shapes": {method: learnt_shapes[method].describe() for method in methods if method in learnt_shapes},
-        }
+        return results
 
     def _score_with_target(self, prompts: list[str], results: dict[str, MethodResult]) -> None:
         """One target forward per output, after all timing: the target's NLL of it."""

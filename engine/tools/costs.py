@@ -85,13 +85,13 @@ class CostTable:
 
 
 def drafter_of(method: str) -> str | None:
-    """Which table entry prices a method's draft calls (None: its drafting is free)."""
+    """Which table entry prices a method's draft calls (None for a peer, which reports none).
+    Only a model's forwards count as draft calls, so n-gram drafting is free whatever the
+    entry; `chain` and `auto` draft with the pair's draft model where it has one."""
     row = methods.BY_NAME.get(method)
     if row is None:
         return None
-    if methods.EAGLE_HEAD in row.needs:
-        return "eagle"
-    return "draft" if row.drafts_with_model else None
+    return "eagle" if methods.EAGLE_HEAD in row.needs else "draft"
 
 
 def measure_costs(pair: LoadedPair, device: str) -> CostTable:

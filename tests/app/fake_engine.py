@@ -82,6 +82,7 @@ class FakeEngine:
     calibration_error: Exception | None = None  # raised half-way through a calibration
     calibrations: int = 0  # calibrations that finished
     compile_s: float | None = None  # pairs compile in the background for this long (None: no compile)
+    runtime_choice: str | None = None  # what `tandem tune` chose, as LoadedPair.describe() says it
     loads: list[PairConfig] = field(default_factory=list)
     requests: list[tuple[list, DecodeSettings, str | None]] = field(default_factory=list)
     closed_pairs: list[str] = field(default_factory=list)
@@ -178,6 +179,7 @@ class FakePair:
             "precision": "bf16",
             "context_length": 2048,
             "memory_mb": 812.0,
+            "runtime_choice": self.engine.runtime_choice,
         }
 
     def generate(self, messages, settings: DecodeSettings, system_prompt: str | None = None) -> FakeGeneration:

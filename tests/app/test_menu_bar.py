@@ -11,6 +11,7 @@ from app.about_dialog import AboutDialog
 from app.message_widget import is_dark
 from app.settings import load_settings
 from engine import __version__
+from tests.app.fake_engine import FakeEngine
 from tests.app.helpers import send_and_wait
 
 
@@ -80,6 +81,20 @@ def test_about_shows_versions_the_pair_and_where_files_live(ready_window, tandem
     assert f"Cache folder: {tandem_home / 'cache'}" in text and "Downloaded models: " in text
     dialog.copy_button.click()
     assert QGuiApplication.clipboard().text() == text
+    dialog.reject()
+
+
+def test_about_and_the_speed_panel_say_when_tandem_tune_chose_the_runtime(ready_window):
+    chosen = "llama.cpp, chosen by tandem tune on 2026-11-26: tree 80 tok/s (against torch 61 tok/s)"
+    window = ready_window(FakeEngine(runtime_choice=chosen))
+    assert chosen in window.speed_panel.values["runtime"].toolTip()
+    dialog = window.open_about()
+    assert f"Runtime chosen: {chosen}" in dialog.text()
+    dialog.reject()
+    unchosen = ready_window(FakeEngine())
+    assert "Chosen by measurement" not in unchosen.speed_panel.values["runtime"].toolTip()
+    dialog = unchosen.open_about()
+    assert "Runtime chosen" not in dialog.text()
     dialog.reject()
 
 

@@ -30,7 +30,11 @@ def test_a_reply_is_retimed_call_by_call():
     expected_ms = TABLE.verify_cost_ms(40) + TABLE.verify_cost_ms(5) + 2.0 + 10 * 0.5
     assert TABLE.reply_seconds(stats, "draft") == pytest.approx(expected_ms / 1000)
     assert TABLE.reply_seconds(stats, None) == pytest.approx((expected_ms - 5.0) / 1000)  # n-grams draft for free
-    assert [drafter_of(name) for name in ("ar", "tree", "eagle-tree", "ngram")] == [None, "draft", "eagle", None]
+    # chain drafts with the pair's draft model (its row needs none: without one it looks up n-grams)
+    assert [drafter_of(name) for name in ("chain", "tree", "eagle-tree", "hf-assisted")] == ["draft", "draft", "eagle", None]
+    # Plain decoding and n-grams make no draft calls, so no entry prices anything for them.
+    plain = GenerationStats(target_calls=2, target_call_tokens=[40, 1])
+    assert TABLE.reply_seconds(plain, drafter_of("ar")) == TABLE.reply_seconds(plain, drafter_of("ngram")) == pytest.approx((TABLE.verify_cost_ms(40) + 2.0) / 1000)
 
 
 def test_a_table_round_trips_and_a_bad_file_is_a_clear_error(tmp_path):
