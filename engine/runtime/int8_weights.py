@@ -80,13 +80,16 @@ def integer_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return sums[:count] * first_scale + sums[count:] * second_scale
 
 
+@torch.no_grad()  # the biases are parameters: their joined copy must not carry autograd's graph
 def join_rows(parts: list[Int8Linear]) -> Int8Linear:
     """One layer whose output is `parts`' outputs side by side, for layers that read the same
     input (a decoder's q, k and v; its gate and up projections): one matmul instead of
     several, for a third fewer calls per forward. The parts then read their rows of the joined
     weight as views, so the model holds no second copy and still runs part by part. Each
     output column is the same integer sum scaled the same way, so the joined layer gives the
-    parts' outputs to the bit."""
+    parts' outputs to the bit (on the CPU's integer matmul; a GPU's float matmul may sum a
+    wider weight in another order). Join after the model has its device and dtype: a later
+    `.to()` would copy the views apart and leave the joined weight behind."""
     if len({part.bias is None for part in parts}) > 1:
         raise ValueError("cannot join layers of which only some have a bias")
     bias = None if parts[0].bias is None else torch.cat([part.bias for part in parts])
