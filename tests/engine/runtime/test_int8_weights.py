@@ -7,10 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from engine.runtime import int8_weights
-from engine.runtime.int8_weights import Int8Linear, integer_product, quantise_weight_only
-from engine.runtime.torch_static import StaticTorchRuntime
+from engine.runtime.int8_weights import Int8Linear, integer_product, join_rows, quantise_weight_only
+from engine.runtime.torch_static import JoinedProjections, StaticTorchRuntime
 
 from ..tiny_models import tiny_llama
+from .test_static_families import tiny
 
 
 def float_product(layer: Int8Linear, x: torch.Tensor) -> torch.Tensor:
@@ -84,3 +85,43 @@ def test_a_verify_gives_each_token_the_logits_a_one_token_step_gives_it(seed):
     stepping.forward(ids[:2], logits_wanted=1)
     stepped = torch.cat([stepping.forward([token], logits_wanted=1) for token in ids[2:]])
     assert torch.equal(verified, stepped)
+
+
+def test_joined_layers_give_the_parts_outputs_to_the_bit_and_hold_no_second_copy():
+    torch.manual_seed(5)
+    parts = [Int8Linear.from_linear(torch.nn.Linear(64, out, bias=True)) for out in (64, 32, 32)]
+    x = with_outlier_channels(3, 64, seed=5)
+    before = [part(x) for part in parts]
+
+    joined = join_rows(parts)
+
+    assert torch.equal(joined(x), torch.cat(before, dim=-1))
+    assert all(torch.equal(part(x), alone) for part, alone in zip(parts, before))  # the parts still run on their own
+    rows = 0
+    for part in parts:  # ...reading their rows of the joined weight
+        assert part.weight.data_ptr() == joined.weight[rows].data_ptr() and part.scale.data_ptr() == joined.scale[rows].data_ptr()
+        rows += part.out_features
+    again = join_rows(parts)  # a second runtime over the same model shares the joined weight
+    assert again.weight.data_ptr() == joined.weight.data_ptr() and torch.equal(again(x), joined(x))
+    with pytest.raises(ValueError, match="bias"):
+        join_rows([Int8Linear.from_linear(torch.nn.Linear(8, 8)), Int8Linear.from_linear(torch.nn.Linear(8, 8, bias=False))])
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "gemma2", "phi3"])
+def test_the_static_forward_joins_the_int8_projections_and_keeps_every_logit(family):
+    """q/k/v and gate/up run as one integer matmul each (Phi-3 joins q/k/v itself, and its
+    gate_up_proj): 4 matmuls a layer instead of 7, and the same logits to the bit."""
+    model = quantise_weight_only(tiny(family))
+    ids = [5, 9, 11, 40, 2, 7, 33, 12]
+    separate = StaticTorchRuntime(model, torch.device("cpu"), 200, graphs=False)
+    layers = len(model.model.layers)
+    separate.forward_pass.joined = [JoinedProjections()] * layers  # every projection on its own
+    joined = StaticTorchRuntime(model, torch.device("cpu"), 200, graphs=False)
+    calls = []
+    integer_matmul = torch._int_mm
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(int8_weights.torch, "_int_mm", lambda *args: calls.append(1) or integer_matmul(*args))
+        logits = joined.forward(ids, logits_wanted=4)
+    assert torch.equal(logits, separate.forward(ids, logits_wanted=4))
+    # qkv, o, gate_up, down (Phi-3's own qkv_proj and gate_up_proj likewise), and the LM head
+    assert len(calls) == 4 * layers + 1
