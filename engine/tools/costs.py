@@ -56,8 +56,12 @@ class CostTable:
         return self.verify_ms[low] + share * (self.verify_ms[high] - self.verify_ms[low])
 
     def reply_seconds(self, stats: GenerationStats, drafter: str | None) -> float:
-        """What the reply's target and draft calls would cost on this table's device."""
-        target_ms = sum(self.verify_cost_ms(tokens) for tokens in stats.target_call_tokens)
+        """What the reply's target and draft calls would cost on this table's device. The
+        first call reads the prompt: priced as prompt reading, not as a verify of as many
+        tokens (llama.cpp verifies 48 tokens for twice what it reads them for as a prompt)."""
+        calls = stats.target_call_tokens
+        prompt_ms = max(self.verify_ms[min(self.verify_ms)], calls[0] * self.prefill_ms_per_token) if calls else 0.0
+        target_ms = prompt_ms + sum(self.verify_cost_ms(tokens) for tokens in calls[1:])
         draft_ms = stats.draft_calls * self.draft_call_ms.get(drafter, 0.0) if drafter else 0.0
         return (target_ms + draft_ms) / 1000
 

@@ -15,8 +15,12 @@ between runtimes than a step does. So:
    a draft reading the prompt) is what the reply took beyond its price on the first
    candidate's own table, and is added to each candidate alike: the first candidate's
    prediction is its measured speed.
-3. A candidate's throughput is its fastest method's; the fastest candidate is saved for the
-   pair on this machine (`engine.runtime_choice`), where "auto" runtime finds it.
+3. Each other candidate then writes the same replies with the method predicted fastest on it,
+   and the candidate whose replies measured fastest is saved for the pair on this machine
+   (`engine.runtime_choice`), where "auto" runtime finds it. The prediction picks a method per
+   runtime from its verify curve; the measurement confirms it, because what a table leaves
+   out differs between runtimes too (on this CPU the first predictions put compiled torch's
+   plain decoding at 65.6 tok/s where it measured 53.0; docs/BENCHMARKS.md).
 """
 from __future__ import annotations
 
@@ -114,6 +118,7 @@ def tune(
     skipped: dict[str, str] = {}
     replies: dict[str, MethodResult] | None = None
     measured_on: Candidate | None = None
+    confirmed: dict[Candidate, tuple[str, float]] = {}  # each candidate's predicted-best method, as measured
     machine: dict[str, Any] = {}
     settings = settings.with_changes(tree_shape=TREE_SHAPE)
     for candidate in candidates:
@@ -130,23 +135,34 @@ def tune(
                 offered = [m for m in pair.methods if methods.is_exact(m) and m != "auto"]
                 progress(f"{candidate.label}: replies with {', '.join(offered)} ({len(prompts)} prompts)…")
                 replies, measured_on = Bench(pair, settings).replies(prompts, offered, progress), candidate
+                speeds = {method: _measured(result) for method, result in replies.items()}
+                confirmed[candidate] = (max(speeds, key=speeds.__getitem__), max(speeds.values()))
+            else:
+                predicted = {m: predicted_tokens_per_s(r, tables[measured_on], tables[candidate]) for m, r in replies.items()}
+                method = max(predicted, key=predicted.__getitem__)
+                progress(f"{candidate.label}: replies with {method}, predicted fastest here ({predicted[method]:.1f} tok/s)…")
+                confirmed[candidate] = (method, _measured(Bench(pair, settings).replies(prompts, [method], progress)[method]))
         except (TandemError, *OUT_OF_MEMORY_ERRORS) as error:  # e.g. a GPU that fits the weights but not a verify
             tables.pop(candidate, None)
+            confirmed.pop(candidate, None)
             skipped[candidate.label] = str(error) or type(error).__name__
             progress(f"{candidate.label}: skipped ({error})")
         finally:
             pair.close()
     if replies is None or measured_on is None:
         raise ConfigError("no candidate runtime could load the pair: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
-    best, method, predicted = choose(replies, tables[measured_on], tables)
-    choice = RuntimeChoice(best.runtime, best.precision, method, predicted[best.label][method], time.strftime("%Y-%m-%d"),
-                           {label: max(speeds.values()) for label, speeds in predicted.items()})
+    _, _, predicted = choose(replies, tables[measured_on], tables)
+    best = max(confirmed, key=lambda candidate: confirmed[candidate][1])
+    method, speed = confirmed[best]
+    choice = RuntimeChoice(best.runtime, best.precision, method, speed, time.strftime("%Y-%m-%d"),
+                           {candidate.label: measured for candidate, (_, measured) in confirmed.items()})
     saved = save_choice(config, choice)
     return {
         "machine": machine, "pair": config.name, "chosen": choice.to_dict(), "saved_to": str(saved),
         "replies_measured_on": measured_on.label, "tree_shape": TREE_SHAPE,
         "measured_tokens_per_s": {method: _measured(result) for method, result in replies.items()},
         "predicted_tokens_per_s": predicted,
+        "confirmed": {candidate.label: {"method": m, "tokens_per_s": s} for candidate, (m, s) in confirmed.items()},
         "cost_tables": {candidate.label: table.to_dict() for candidate, table in tables.items()},
         "skipped": skipped,
     }
@@ -189,9 +205,11 @@ def format_report(report: dict[str, Any]) -> str:
                      + f"   {verify['1']:.1f}/{verify['8']:.1f}")
     for label, reason in report["skipped"].items():
         lines.append(f"{label.ljust(width)}skipped: {reason}")
+    lines += ["", "Measured, each runtime with the method predicted fastest on it: "
+              + ", ".join(f"{label} {row['method']} {row['tokens_per_s']:.1f} tok/s" for label, row in report["confirmed"].items())]
     chosen = report["chosen"]
     lines += ["", f"Chosen: {runtime_label(chosen['runtime'], chosen['precision'])} ({chosen['method']}, "
-                  f"{chosen['tokens_per_s']:.1f} tok/s predicted), saved to {report['saved_to']}.",
+                  f"{chosen['tokens_per_s']:.1f} tok/s measured), saved to {report['saved_to']}.",
               "A pair whose runtime and target precision are \"auto\" now loads on it here."]
     return "\n".join(lines)
 

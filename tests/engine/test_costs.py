@@ -27,14 +27,14 @@ def test_a_forward_costs_what_the_table_says_between_and_past_its_sizes():
 
 def test_a_reply_is_retimed_call_by_call():
     stats = GenerationStats(target_calls=3, draft_calls=10, target_call_tokens=[40, 5, 1])
-    expected_ms = TABLE.verify_cost_ms(40) + TABLE.verify_cost_ms(5) + 2.0 + 10 * 0.5
+    expected_ms = 40 * 0.05 + TABLE.verify_cost_ms(5) + 2.0 + 10 * 0.5  # the first call reads the prompt
     assert TABLE.reply_seconds(stats, "draft") == pytest.approx(expected_ms / 1000)
     assert TABLE.reply_seconds(stats, None) == pytest.approx((expected_ms - 5.0) / 1000)  # n-grams draft for free
     # chain drafts with the pair's draft model (its row needs none: without one it looks up n-grams)
     assert [drafter_of(name) for name in ("chain", "tree", "eagle-tree", "hf-assisted")] == ["draft", "draft", "eagle", None]
     # Plain decoding and n-grams make no draft calls, so no entry prices anything for them.
     plain = GenerationStats(target_calls=2, target_call_tokens=[40, 1])
-    assert TABLE.reply_seconds(plain, drafter_of("ar")) == TABLE.reply_seconds(plain, drafter_of("ngram")) == pytest.approx((TABLE.verify_cost_ms(40) + 2.0) / 1000)
+    assert TABLE.reply_seconds(plain, drafter_of("ar")) == TABLE.reply_seconds(plain, drafter_of("ngram")) == pytest.approx((40 * 0.05 + 2.0) / 1000)
 
 
 def test_a_table_round_trips_and_a_bad_file_is_a_clear_error(tmp_path):

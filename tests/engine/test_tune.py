@@ -22,7 +22,7 @@ CHOICE = RuntimeChoice("torch", "fp32", "tree", 50.0, "2026-11-26", {"llama.cpp"
 
 def table(name: str, step_ms: float, verify8_ms: float) -> CostTable:
     return CostTable(device=name, source="made up for the test", verify_ms={1: step_ms, 8: verify8_ms},
-                     prefill_ms_per_token=0.1, draft_call_ms={"draft": 1.0})
+                     prefill_ms_per_token=step_ms / 20, draft_call_ms={"draft": 1.0})
 
 
 def result(method: str, call_tokens: list[int], tokens: int, seconds: float, model_seconds: float, draft_calls: int = 0) -> MethodResult:
@@ -39,9 +39,10 @@ def test_a_reply_is_repriced_model_call_by_call_and_keeps_what_the_tables_do_not
     assert predicted_tokens_per_s(plain, written_on, written_on) == pytest.approx(10 / 0.5)  # its measured speed
     assert predicted_tokens_per_s(plain, written_on, cheaper) == pytest.approx(10 / (0.2 + 10 * 0.015))
     # A draft model's calls are re-priced too (chain's row needs no draft model, but it drafts with the pair's).
-    drafted = result("chain", [8] * 4, tokens=12, seconds=0.5, model_seconds=0.3, draft_calls=16)
-    here_s = 4 * 0.060 + 16 * 0.001
-    there_s = 4 * 0.030 + 16 * 0.001
+    # The first call reads a 20-token prompt: priced as prompt reading (0.1 ms a token), not as a verify.
+    drafted = result("chain", [20] + [8] * 4, tokens=12, seconds=0.5, model_seconds=0.3, draft_calls=16)
+    here_s = 0.030 + 4 * 0.060 + 16 * 0.001
+    there_s = 0.015 + 4 * 0.030 + 16 * 0.001
     assert predicted_tokens_per_s(drafted, written_on, cheaper) == pytest.approx(12 / (0.5 - here_s + there_s))
 
 
@@ -142,10 +143,17 @@ def test_tune_measures_each_runtime_saves_the_fastest_and_auto_then_loads_it(two
     assert {"ar", "chain", "tree"} <= set(report["measured_tokens_per_s"])
     for method, measured in report["measured_tokens_per_s"].items():
         assert report["predicted_tokens_per_s"]["llama.cpp"][method] == pytest.approx(measured, rel=1e-6)
-    predicted = report["predicted_tokens_per_s"]
-    best = max(predicted, key=lambda label: max(predicted[label].values()))
+    # The other runtime wrote the replies again with the method predicted fastest on it, and
+    # the choice is whichever measured faster, not whichever was predicted faster.
+    predicted, confirmed = report["predicted_tokens_per_s"], report["confirmed"]
+    torch_best = max(predicted["torch fp32"], key=predicted["torch fp32"].__getitem__)
+    assert confirmed["torch fp32"]["method"] == torch_best and confirmed["torch fp32"]["tokens_per_s"] > 0
+    measured = report["measured_tokens_per_s"]
+    assert confirmed["llama.cpp"] == {"method": max(measured, key=measured.__getitem__), "tokens_per_s": max(measured.values())}
+    best = max(confirmed, key=lambda label: confirmed[label]["tokens_per_s"])
     chosen = report["chosen"]
     assert (chosen["runtime"], chosen["precision"]) == {"llama.cpp": ("llama.cpp", "auto"), "torch fp32": ("torch", "fp32")}[best]
+    assert chosen["tokens_per_s"] == confirmed[best]["tokens_per_s"]
 
     saved = load_choice(config)
     assert saved is not None and saved.runtime == chosen["runtime"]
