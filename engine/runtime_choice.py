@@ -5,8 +5,9 @@ runtime's own 8-bit default. That is right for plain decoding on a CPU, but spec
 only where a verify of many tokens costs about one step, and which runtime that is depends on
 the machine: on a GPU, the CUDA-graph torch runtime verifies 64 tokens for 1.3x a step while
 llama.cpp on the CPU pays 2.6x for 8. `tandem tune` (an offline tool) measures each runtime's
-costs for the pair on this machine, re-prices the same replies with them, and writes the
-winner here; a pair loaded with "auto" runtime and "auto" target precision then uses it.
+costs for the pair on this machine, predicts each one's fastest method from them, measures
+that method there, and writes the winner here; a pair loaded with "auto" runtime and "auto"
+target precision then uses it.
 
 The choice places the target; the draft follows it where it can run there (torch runs any
 model, llama.cpp needs the draft's GGUF file) and is otherwise placed as "auto" places it.

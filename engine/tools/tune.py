@@ -220,7 +220,8 @@ def add_tune_command(subparsers: Any) -> None:
         help="choose the runtime and precision an \"auto\" pair runs on here, by measured speculative throughput",
         description="Loads the pair on each candidate runtime, measures what a verify of 1-64 tokens and a draft call "
         "cost there, writes greedy replies once with every exact method, re-prices those replies with each "
-        "runtime's costs, and saves the fastest for this pair on this machine. Pairs whose runtime and target "
+        "runtime's costs to predict its fastest method, measures that method on each runtime, and saves the "
+        "runtime that measured fastest for this pair on this machine. Pairs whose runtime and target "
         "precision are auto then load on it (the app, tandem chat and tandem bench alike).",
     )
     command.add_argument("--pair", default="demo", help="a pair name (demo, or one saved in the app) or a pair JSON file")
