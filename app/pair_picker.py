@@ -45,7 +45,7 @@ PRECISION_LABELS = {
     "fp32": "fp32: full precision, most memory",
 }
 RUNTIME_LABELS = {
-    "auto": "auto: the one `tandem tune` measured fastest here; else llama.cpp for GGUF files, PyTorch otherwise",
+    "auto": "auto: as tandem tune measured fastest here, else llama.cpp for GGUF files, PyTorch otherwise",
     "llama.cpp": "llama.cpp: GGUF files only",
     "torch": "PyTorch: every model, bitsandbytes int8 on a GPU",
 }
