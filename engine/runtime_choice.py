@@ -26,14 +26,12 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .config import ModelSpec, PairConfig
 from .models import runtime_gguf
 from .paths import cache_dir
 from .runtime.compiled_forward import compile_allowed
 from .runtime.cpu import chosen_threads, cpu_name
-from .runtime.device import resolve_device
+from .runtime.device import device_name, resolve_device
 
 FOLDER = "runtime-choice"
 
@@ -134,8 +132,7 @@ def _pair_key(config: PairConfig) -> str:
 
 
 def _machine_key(config: PairConfig) -> str:
-    device = resolve_device(config.target.device)
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "no gpu"
+    gpu = device_name(resolve_device(config.target.device)) or "no gpu"
     # Whether torch compiles decides its speed on a CPU (1.6x): a choice measured compiled
     # does not hold for a pair, or a process, that does not compile.
     return "|".join((cpu_name(), str(os.cpu_count()), str(chosen_threads() or ""), gpu,
