@@ -87,6 +87,21 @@ def load_weights(path: Path, use_gpu: bool) -> LlamaCppWeights:
     )
 
 
+def attention_kernel(weights: LlamaCppWeights) -> int:
+    """llama.cpp's flash-attention setting for a context over `weights`: off where the model
+    runs on the CPU, llama.cpp's own choice where its layers are on a GPU.
+
+    Why: llama.cpp's default (auto) picks flash attention, and its CPU kernel costs more per
+    token and per token of context than the plain one. On the 2-core development CPU (demo
+    target, Q8_0, 8192-token context; docs/BENCHMARKS.md) a step after 300 tokens of context
+    costs 19.2 ms with it and 13.7 without, after 3,584 tokens 67.7 against 25.5, and an
+    8-token verify 59 against 35 and 401 against 71: a verify near a step's price is what
+    speculation needs. Reading a long prompt is ~10% faster with it, which a reply's decoding
+    outweighs. llama-cpp-python's own `Llama` also runs without it by default."""
+    llama_cpp = library()
+    return llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if weights.gpu_layers else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+
+
 def token_embeddings(path: Path) -> torch.Tensor:
     """(V, H) float32: the token embedding matrix of a GGUF file, dequantised (what an EAGLE-3
     head reads as its input tokens' embeddings). Read with the gguf package: portable, and
@@ -126,6 +141,7 @@ class LlamaCppRuntime(ModelRuntime):
         self._thread_budget = None if threads or chosen_threads() else ThreadBudget(physical_cores())
         self._threads = params.n_threads
         params.no_perf = True
+        params.flash_attn_type = attention_kernel(weights)
         # With embeddings on and no pooling, each decode also returns every output token's
         # final-norm hidden state beside its logits (what learned verifier heads read).
         params.embeddings = hidden_states

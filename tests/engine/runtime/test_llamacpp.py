@@ -2,6 +2,7 @@
 (F32 kernels round alike for any batch, so tree and chain logits can be compared tightly)."""
 from __future__ import annotations
 
+import logging
 import random
 
 import pytest
@@ -169,3 +170,18 @@ def test_auto_runs_a_gguf_target_on_llamacpp_and_names_the_runtime(demo_target_p
         assert events[-1].token_ids and events[-1].stats.tokens_per_s > 0
     finally:
         pair.close()
+
+
+def test_a_model_on_the_cpu_runs_without_flash_attention(f32_weights, caplog):
+    # llama.cpp's own choice (auto) is its flash-attention kernel, which on the CPU made a
+    # step 1.4x and an 8-token verify 1.7x dearer after 300 tokens of context (2.7x and 5.7x
+    # after 3,584; docs/BENCHMARKS.md). llama.cpp says in its log what the context runs.
+    assert f32_weights.gpu_layers == 0
+    caplog.set_level(logging.DEBUG, logger=llamacpp_library.debug_log.name)
+    runtime = LlamaCppRuntime(f32_weights, 512)
+    try:
+        settings = [record.getMessage() for record in caplog.records if "flash_attn" in record.getMessage()]
+        assert settings and all(line.split("=")[-1].strip() == "disabled" for line in settings), settings
+        assert runtime.logits_for([300, 301, 302]).shape == (1, f32_weights.vocab_size)
+    finally:
+        runtime.close()
