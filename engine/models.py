@@ -71,6 +71,7 @@ class LoadedModel:
     folder: Path | None = None  # where its files are, for companions such as an n-gram table
     runtime: str = "torch"
     gpu_layers: int = 0  # llama.cpp: how many layers it offloaded to a GPU (-1: all)
+    gguf_file: Path | None = None  # llama.cpp: the file it runs (a re-quantised copy, where it made one)
     runtime_factory: RuntimeFactory | None = None  # a fresh runtime; torch's over `model` by default
     compile: bool = False  # torch on the CPU: compile the forward in the background (runtime/compiled_forward.py)
     extra_stop_ids: frozenset[int] = frozenset()  # end-of-turn ids the weights' own metadata names
@@ -218,6 +219,7 @@ def _load_with_llamacpp(spec: ModelSpec, gguf: Path, report: ProgressCallback, a
         folder=folder,
         runtime="llama.cpp" + (" (GPU)" if weights.gpu_layers else ""),
         gpu_layers=weights.gpu_layers,
+        gguf_file=gguf,
         runtime_factory=lambda hidden_states, feature_layers=(): LlamaCppRuntime(
             weights, context_length, hidden_states=hidden_states, feature_layers=feature_layers
         ),

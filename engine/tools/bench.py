@@ -147,6 +147,8 @@ def available_methods(pair: LoadedPair) -> list[str]:
         peers.append("hf-assisted")
     if llamacpp_library.available():
         peers.append("llamacpp-ar")
+        if pair.target.gguf_file is not None:
+            peers.append("llamacpp-ar-same")
     return [m for m in ENGINE_METHODS if m in pair.methods] + peers
 
 
@@ -226,10 +228,10 @@ class Bench:
         if method in ENGINE_METHODS:
             return lambda prompt, max_new_tokens: self._run_engine(method, prompt, max_new_tokens)
         pair, settings = self.pair, self.settings
-        if method == "llamacpp-ar":
-            gguf = _target_gguf(pair)
+        if method in ("llamacpp-ar", "llamacpp-ar-same"):
+            gguf = _target_gguf(pair) if method == "llamacpp-ar" else pair.target.gguf_file
             if gguf is None:
-                raise ConfigError("llamacpp-ar needs a target given as a .gguf file (the demo target is one)")
+                raise ConfigError(f"{method} needs a target that runs from a .gguf file (the demo target does)")
             peer = LlamaCppGeneration(gguf, pair.context_length, torch.get_num_threads(), pair.target.gpu_layers, settings)
         else:
             peer = AssistedGeneration(pair.target, pair.draft, pair.stop_token_ids, settings)
@@ -316,8 +318,9 @@ by position: of the rounds that drafted d tokens deep, the share that kept the d
 def format_table(report: dict) -> str:
     table = report.get("cost_table")
     predicted = f"pred {table['device'][:14]}" if table else ""
+    name_width = max([12] + [len(row["method"]) for row in report["results"]])
     header = (
-        f"{'method':<12} {'tok/s':>7} {'vs ar':>6} {'accept':>7} {'tok/call':>8} {'calls/tok':>9} "
+        f"{'method':<{name_width}} {'tok/s':>7} {'vs ar':>6} {'accept':>7} {'tok/call':>8} {'calls/tok':>9} "
         f"{'drafts/call':>11} {'stage acc':>9} {'exact':>6} {'nll':>6} {'rougeL':>6} {'peak MB':>8}"
         + (f" {predicted:>22}" if table else "")
     )
@@ -331,7 +334,7 @@ def format_table(report: dict) -> str:
         if table:
             prediction = f" {show(row.get('predicted_tokens_per_s'), '{:.1f}'):>14} {show(row.get('predicted_speedup_vs_ar'), '{:.2f}x'):>7}"
         lines.append(
-            f"{row['method']:<12} {row['tokens_per_s']:>7.1f} {show(row['speedup_vs_ar'], '{:.2f}x'):>6} "
+            f"{row['method']:<{name_width}} {row['tokens_per_s']:>7.1f} {show(row['speedup_vs_ar'], '{:.2f}x'):>6} "
             f"{show(row['acceptance_rate'], '{:.3f}'):>7} {show(row['mean_accepted_per_target_call'], '{:.2f}'):>8} "
             f"{show(row['target_calls_per_token'], '{:.3f}'):>9} {show(row['draft_calls_per_target_call'], '{:.2f}'):>11} "
             f"{show(row['draft_stage_acceptance'], '{:.3f}'):>9} {show(row['exact_match_vs_ar'], '{:.2f}'):>6} "

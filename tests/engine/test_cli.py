@@ -68,6 +68,28 @@ def test_bench_reports_every_method_with_ratios_from_one_run(tmp_path, demo_targ
     assert all(f"{method} (auto shape): verify ms by tokens" in table for method in tree_methods)
 
 
+def test_llamacpp_peer_on_the_runtimes_own_file_writes_what_ar_writes(tmp_path, capsys):
+    # llamacpp-ar-same is llama-cpp-python's generation of the very file Tandem's llama.cpp
+    # runtime runs (the demo target's Q8_0 copy): greedy, it must write ar's replies, so the
+    # speed ratio in the report compares two loops over the same weights and kernels.
+    pytest.importorskip("llama_cpp")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Name three colours."}\n{"prompt": "What is 2 + 2?"}\n', encoding="utf-8")
+    report_path = tmp_path / "report.json"
+    code = main(["bench", "--pair", "demo", "--runtime", "llama.cpp", "--prompts", str(prompts), "--max-new-tokens", "12",
+                 "--methods", "ar,llamacpp-ar-same", "--json", str(report_path)])
+    assert code == 0
+    rows = {row["method"]: row for row in json.loads(report_path.read_text())["results"]}
+    assert rows["llamacpp-ar-same"]["exact_match_vs_ar"] == 1.0
+    assert rows["llamacpp-ar-same"]["tokens_per_s"] > 0
+    output = capsys.readouterr().out.splitlines()
+    header = next(line for line in output if line.startswith("method "))
+    rows_shown = [line for line in output if line.startswith(("ar ", "llamacpp-ar-same "))]
+    # The columns line up after the longest name: each row's tok/s figure ends where the header's does.
+    tok_s_end = header.index("tok/s") + len("tok/s")
+    assert len(rows_shown) == 2 and all(line[tok_s_end - 1].isdigit() and line[tok_s_end] == " " for line in rows_shown), rows_shown
+
+
 def test_bench_help_names_every_bench_method(capsys):
     assert METHODS + BENCH_PEERS == ALL_METHODS
     with pytest.raises(SystemExit):
