@@ -333,7 +333,7 @@ class Generation:
         started = last_stats = time.perf_counter()
         stop_reason = "length"
         self._streamed = _Streamed(reply, provenance, stats, started, prompt.dropped_messages, context_ids)  # shares the lists
-        yield from self._read_prompt(context, [pair.target_runner, *drafter.runtimes])
+        yield from self._read_prompt(context, [pair.target_runner, *drafter.prompt_runtimes])
 
         while len(reply) < settings.max_new_tokens:
             if self._stop_requested.is_set():

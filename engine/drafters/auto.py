@@ -131,6 +131,14 @@ class MethodChooser(Drafter):
                 seen.setdefault(id(runtime), runtime)
         return tuple(seen.values())
 
+    @property
+    def prompt_runtimes(self) -> tuple[ModelRuntime, ...]:
+        # Only the models of the candidate the next round will run: where plain decoding is
+        # fastest, a draft model reading a long prompt for a round that never comes cost
+        # every reply ~1.2 s on a 1,800-token prompt (docs/BENCHMARKS.md). A candidate
+        # explored later catches up then, and that round counts for what it cost.
+        return self.candidates[self._next_choice()[0]].prompt_runtimes
+
     def propose(self, context: list[int], room: int, sampler: Sampler) -> Proposal:
         self.current = self._choose()
         proposal = self.candidates[self.current].propose(context, room, sampler)
@@ -163,12 +171,15 @@ class MethodChooser(Drafter):
         return f"auto: {best}, {plain / fastest:.2f}× plain decoding's speed on this machine"
 
     def _choose(self) -> str:
+        name, self._exploring = self._next_choice()
+        return name
+
+    def _next_choice(self) -> tuple[str, bool]:
+        """The candidate the next round runs, and whether that round explores."""
         ranked = self.record.ranked(list(self.candidates))
-        self._exploring = False
         for name in ranked:
             if self.record.rounds.get(name, 0) < TRIAL_ROUNDS:
-                return name
+                return name, False
         if len(ranked) > 1 and self.record.may_explore:
-            self._exploring = True
-            return ranked[1]
-        return ranked[0]
+            return ranked[1], True
+        return ranked[0], False

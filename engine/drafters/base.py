@@ -112,6 +112,12 @@ class Drafter(ABC):
         """The models whose caches this drafter keeps in step with the context."""
         return ()
 
+    @property
+    def prompt_runtimes(self) -> tuple[ModelRuntime, ...]:
+        """The models worth reading a long prompt into before the first round: the ones its
+        next rounds will draft with. A model left out catches up when it is next used."""
+        return self.runtimes
+
     def reset(self) -> None:
         """Forget per-conversation state (caches, tables)."""
 

@@ -11,7 +11,8 @@ from engine.chat_prompt import Message
 from engine.config import DecodeSettings
 from engine.drafters.auto import EXPLORE_SHARE, TRIAL_ROUNDS, MethodChooser, SpeedRecord
 from engine.drafters.base import NoDrafter
-from engine.events import Finished
+from engine import session
+from engine.events import Finished, PromptProgress
 from engine.config import ModelSpec, PairConfig
 from engine.session import LoadedPair, method_refusal
 from engine.tools.bench import ALL_METHODS, DEFAULT_ALIAS, parse_methods, resolve_default
@@ -156,3 +157,26 @@ def test_every_verifier_the_settings_accept_is_a_rule_the_exact_verifier_knows()
         assert callable(exact_verifier(rule))
     with pytest.raises(ValueError, match="unknown chain rule"):
         exact_verifier("sprinter")
+
+
+@pytest.mark.parametrize("fastest", ["ar", "tree"])
+def test_auto_reads_a_long_prompt_only_into_the_models_its_next_round_drafts_with(full_pair, monkeypatch, fastest):
+    # Where plain decoding is fastest, a draft model that read every long prompt cost each
+    # reply ~1.2 s on an 1,800-token prompt for rounds that never came.
+    monkeypatch.setattr(session, "PROMPT_PROGRESS_MIN_TOKENS", 8)  # the tiny pair's context is 160 tokens
+    record = SpeedRecord()
+    for name in ["ar", *methods.AUTO_CANDIDATES]:
+        for _ in range(TRIAL_ROUNDS):
+            record.add(name, 0.001 if name == fastest else 0.01, 1)
+    full_pair.speed_record = record
+    prompt = " ".join(["w1 w2 w3 w4"] * 10)
+    events = list(full_pair.generate([Message("user", prompt)], DecodeSettings(method="auto", max_new_tokens=1)))
+    read = [event for event in events if isinstance(event, PromptProgress)]
+    assert read and read[-1].tokens_done == read[-1].tokens_total > 40
+    target_cached, draft_cached = len(full_pair.target_runner.cached_ids), len(full_pair.draft_runner.cached_ids)
+    assert target_cached > 40
+    if fastest == "ar":
+        assert draft_cached == 0
+    else:
+        assert draft_cached >= read[-1].tokens_total  # read with the target, then one round drafted
+    assert events[-1].stats.rounds_by_method == {fastest: 1}
