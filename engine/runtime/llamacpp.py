@@ -87,33 +87,19 @@ def load_weights(path: Path, use_gpu: bool) -> LlamaCppWeights:
     )
 
 
-@dataclass(frozen=True)
-class AttentionSettings:
-    """How a llama.cpp context attends: its flash-attention setting and its KV cache's type."""
+def attention_kernel(weights: LlamaCppWeights) -> int:
+    """llama.cpp's flash-attention setting for a context over `weights`: off where the model
+    runs on the CPU, llama.cpp's own choice where its layers are on a GPU.
 
-    flash_attention: int  # a LLAMA_FLASH_ATTN_TYPE_* value
-    cache_type: int | None  # a GGML_TYPE_* value; None: llama.cpp's default (f16)
-
-
-def attention_settings(weights: LlamaCppWeights) -> AttentionSettings:
-    """On the CPU: llama.cpp's plain attention kernel over an f32 KV cache. Where the model's
-    layers are on a GPU: llama.cpp's own choices.
-
-    Why, on the 2-core development CPU (demo target, Q8_0, 8192-token context;
-    docs/BENCHMARKS.md, "llama.cpp's attention on the CPU"):
-    - llama.cpp's default (auto) picks flash attention, whose CPU kernel costs more per token
-      and per token of context than the plain one: a step after 300 tokens of context 20 ms
-      against 14, after 3,584 tokens 66 against 26; an 8-token verify 60 against 36 and 398
-      against 83. A verify near a step's price is what speculation needs. Reading a long
-      prompt is 10-16% faster with it, which a reply's decoding outweighs.
-    - The plain kernel over an f16 cache is not batch-invariant: a token's logits moved by up
-      to 0.7 between a one-token step and an 8-token verify, enough to flip a near-tie, and
-      greedy chain replies equalled plain decoding's 1 time in 8. Over an f32 cache they are
-      the same to the bit (as with flash attention), for twice the cache's memory."""
+    Why: llama.cpp's default (auto) picks flash attention, and its CPU kernel costs more per
+    token and per token of context than the plain one. On the 2-core development CPU (demo
+    target, Q8_0, 8192-token context; docs/BENCHMARKS.md) a step after 300 tokens of context
+    costs 19.2 ms with it and 13.7 without, after 3,584 tokens 67.7 against 25.5, and an
+    8-token verify 59 against 35 and 401 against 71: a verify near a step's price is what
+    speculation needs. Reading a long prompt is ~10% faster with it, which a reply's decoding
+    outweighs. llama-cpp-python's own `Llama` also runs without it by default."""
     llama_cpp = library()
-    if weights.gpu_layers:
-        return AttentionSettings(llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO, None)
-    return AttentionSettings(llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED, llama_cpp.GGML_TYPE_F32)
+    return llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if weights.gpu_layers else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
 
 
 def token_embeddings(path: Path) -> torch.Tensor:
@@ -155,10 +141,7 @@ class LlamaCppRuntime(ModelRuntime):
         self._thread_budget = None if threads or chosen_threads() else ThreadBudget(physical_cores())
         self._threads = params.n_threads
         params.no_perf = True
-        attention = attention_settings(weights)
-        params.flash_attn_type = attention.flash_attention
-        if attention.cache_type is not None:
-            params.type_k = params.type_v = attention.cache_type
+        params.flash_attn_type = attention_kernel(weights)
         # With embeddings on and no pooling, each decode also returns every output token's
         # final-norm hidden state beside its logits (what learned verifier heads read).
         params.embeddings = hidden_states

@@ -174,7 +174,7 @@ def test_auto_runs_a_gguf_target_on_llamacpp_and_names_the_runtime(demo_target_p
 
 def test_a_model_on_the_cpu_runs_without_flash_attention(f32_weights, caplog):
     # llama.cpp's own choice (auto) is its flash-attention kernel, which on the CPU made a
-    # step 1.4x and an 8-token verify 1.7x dearer after 300 tokens of context (2.5x and 4.8x
+    # step 1.4x and an 8-token verify 1.7x dearer after 300 tokens of context (2.7x and 5.7x
     # after 3,584; docs/BENCHMARKS.md). llama.cpp says in its log what the context runs.
     assert f32_weights.gpu_layers == 0
     caplog.set_level(logging.DEBUG, logger=llamacpp_library.debug_log.name)
@@ -182,25 +182,6 @@ def test_a_model_on_the_cpu_runs_without_flash_attention(f32_weights, caplog):
     try:
         settings = [record.getMessage() for record in caplog.records if "flash_attn" in record.getMessage()]
         assert settings and all(line.split("=")[-1].strip() == "disabled" for line in settings), settings
+        assert runtime.logits_for([300, 301, 302]).shape == (1, f32_weights.vocab_size)
     finally:
         runtime.close()
-
-
-def test_a_verify_gives_each_token_the_logits_one_token_steps_give_it_at_q8_0(demo_target_path):
-    # The chats' precision. The plain attention kernel over llama.cpp's default f16 cache moved
-    # a token's logits by up to 0.7 between the two, enough for a greedy speculative reply to
-    # part from plain decoding at a near-tie; over the f32 cache the runtime asks for, none.
-    weights = load_weights(llamacpp_library.quantised_copy(demo_target_path, "int8"), use_gpu=False)
-    runtime = LlamaCppRuntime(weights, 512)
-    try:
-        rng = random.Random(1)
-        context = [rng.randrange(200, 40000) for _ in range(40)]
-        follow = [rng.randrange(200, 40000) for _ in range(8)]
-        runtime.logits_for(context)
-        together = runtime.forward(follow, logits_wanted=len(follow))
-        runtime.crop(len(context))
-        apart = torch.cat([runtime.forward([token]) for token in follow])
-        assert torch.equal(together, apart), float((together - apart).abs().max())
-    finally:
-        runtime.close()
-        weights.close()
