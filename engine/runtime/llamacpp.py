@@ -93,11 +93,20 @@ def attention_kernel(weights: LlamaCppWeights) -> int:
 
     Why: llama.cpp's default (auto) picks flash attention, and its CPU kernel costs more per
     token and per token of context than the plain one. On the 2-core development CPU (demo
-    target, Q8_0, 8192-token context; docs/BENCHMARKS.md) a step after 300 tokens of context
-    costs 19.2 ms with it and 13.7 without, after 3,584 tokens 67.7 against 25.5, and an
-    8-token verify 59 against 35 and 401 against 71: a verify near a step's price is what
-    speculation needs. Reading a long prompt is ~10% faster with it, which a reply's decoding
-    outweighs. llama-cpp-python's own `Llama` also runs without it by default."""
+    target, Q8_0, 8192-token context; docs/BENCHMARKS.md, "llama.cpp's attention on the CPU")
+    a step after 300 tokens of context costs 20.0 ms with it and 14.5 without, after 3,584
+    tokens 64.9 against 25.3, and an 8-token verify 58.9 against 35.7 and 396 against 71: a
+    verify near a step's price is what speculation needs. Reading a long prompt is ~10% faster
+    with it, which a reply's decoding outweighs. llama-cpp-python's `Llama` runs without it too.
+
+    What it costs: with flash attention a token verified in a batch got the logits it gets
+    stepped alone, rejected tokens cropped or not, while the context stayed under ~256 tokens
+    (beyond that, up to ~1.0 apart at Q8_0); the plain kernel never does (0.3-1.0). So a
+    greedy `chain` reply in a short conversation can now part from plain decoding's at a
+    near-tie, as tree replies and longer conversations could already. The verifier stays exact
+    (the F32-GGUF tests), and `auto`, which runs plain decoding where drafting does not pay,
+    writes what `ar` writes.
+    """
     llama_cpp = library()
     return llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if weights.gpu_layers else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
 

@@ -174,7 +174,7 @@ def test_auto_runs_a_gguf_target_on_llamacpp_and_names_the_runtime(demo_target_p
 
 def test_a_model_on_the_cpu_runs_without_flash_attention(f32_weights, caplog):
     # llama.cpp's own choice (auto) is its flash-attention kernel, which on the CPU made a
-    # step 1.4x and an 8-token verify 1.7x dearer after 300 tokens of context (2.7x and 5.7x
+    # step 1.4x and an 8-token verify 1.6x dearer after 300 tokens of context (2.6x and 5.6x
     # after 3,584; docs/BENCHMARKS.md). llama.cpp says in its log what the context runs.
     assert f32_weights.gpu_layers == 0
     caplog.set_level(logging.DEBUG, logger=llamacpp_library.debug_log.name)
