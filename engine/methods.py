@@ -295,5 +295,5 @@ def refusal(pair: Any, name: str, pair_name: str, heads_problem: str | None = No
 BENCH_PEERS = {
     "hf-assisted": "transformers' own assisted generation on the pair's weights (torch runtime)",
     "llamacpp-ar": "llama-cpp-python's own generation of the target's GGUF file",
-    "llamacpp-ar-same": "llama-cpp-python's own generation of the file Tandem's llama.cpp runtime runs (the target's Q8_0 copy)",
+    "llamacpp-ar-same": "llama-cpp-python's own generation of the file Tandem's llama.cpp runtime runs, where that is another (by default the target's Q8_0 copy)",
 }

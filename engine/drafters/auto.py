@@ -31,6 +31,10 @@ TRIAL_ROUNDS = 6  # rounds each candidate runs before the fastest is trusted
 EXPLORE_SHARE = 0.01  # then the runner-up's rounds get at most this share of the decoding time
 SMOOTHING = 0.1  # weight of the newest round in a candidate's average
 SAVE_EVERY = 16  # rounds between writes of the record
+# A round whose models first read more than this many tokens (a long prompt that a draft model
+# skipped while another candidate ran) says nothing about its candidate's speed: ~1.2 s of
+# reading an 1,800-token prompt, counted, sank a candidate's average for good.
+CATCH_UP_TOKENS = 64
 
 
 @dataclass
@@ -122,6 +126,7 @@ class MethodChooser(Drafter):
         self.lookahead = max(drafter.lookahead for drafter in candidates.values())
         self.current = PLAIN
         self._exploring = False
+        self._catching_up = False  # whether this round's models first read a long stretch
 
     @property
     def runtimes(self) -> tuple[ModelRuntime, ...]:
@@ -135,12 +140,16 @@ class MethodChooser(Drafter):
     def prompt_runtimes(self) -> tuple[ModelRuntime, ...]:
         # Only the models of the candidate the next round will run: where plain decoding is
         # fastest, a draft model reading a long prompt for a round that never comes cost
-        # every reply ~1.2 s on a 1,800-token prompt (docs/BENCHMARKS.md). A candidate
-        # explored later catches up then, and that round counts for what it cost.
-        return self.candidates[self._next_choice()[0]].prompt_runtimes
+        # every reply ~1.2 s on a 1,800-token prompt (docs/BENCHMARKS.md). A candidate run
+        # later catches up then; that round's time counts against exploring, not its speed.
+        # Never an exploring candidate's: reading the prompt is no round, so its time would
+        # escape the exploring share.
+        return self.candidates[self._next_choice(may_explore=False)[0]].prompt_runtimes
 
     def propose(self, context: list[int], room: int, sampler: Sampler) -> Proposal:
         self.current = self._choose()
+        behind = [len(context) - len(runtime) for runtime in self.candidates[self.current].runtimes]
+        self._catching_up = max(behind, default=0) > CATCH_UP_TOKENS
         proposal = self.candidates[self.current].propose(context, room, sampler)
         proposal.drafted_by = self.current
         return proposal
@@ -150,7 +159,7 @@ class MethodChooser(Drafter):
         seconds = outcome.draft_s + outcome.target_s
         self.record.spent(seconds, self._exploring)
         read_a_prompt = outcome.target_tokens > len(outcome.proposal.tree)
-        if outcome.tokens and not read_a_prompt:
+        if outcome.tokens and not read_a_prompt and not self._catching_up:
             self.record.add(self.current, seconds, len(outcome.tokens))
         self.lookahead = max(drafter.lookahead for drafter in self.candidates.values())
 
@@ -174,12 +183,12 @@ class MethodChooser(Drafter):
         name, self._exploring = self._next_choice()
         return name
 
-    def _next_choice(self) -> tuple[str, bool]:
+    def _next_choice(self, may_explore: bool = True) -> tuple[str, bool]:
         """The candidate the next round runs, and whether that round explores."""
         ranked = self.record.ranked(list(self.candidates))
         for name in ranked:
             if self.record.rounds.get(name, 0) < TRIAL_ROUNDS:
                 return name, False
-        if len(ranked) > 1 and self.record.may_explore:
+        if may_explore and len(ranked) > 1 and self.record.may_explore:
             return ranked[1], True
         return ranked[0], False

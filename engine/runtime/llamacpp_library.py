@@ -38,7 +38,7 @@ NEEDED_SYMBOLS = (
     "llama_batch_init", "llama_batch_free", "llama_decode", "llama_get_logits", "llama_model_get_vocab",
     "llama_vocab_n_tokens", "llama_model_n_ctx_train", "llama_model_quantize", "llama_log_set", "llama_set_n_threads",
 )
-NEEDED_CONTEXT_FIELDS = ("n_seq_max", "kv_unified", "n_threads", "n_threads_batch", "embeddings")
+NEEDED_CONTEXT_FIELDS = ("n_seq_max", "kv_unified", "n_threads", "n_threads_batch", "embeddings", "flash_attn_type")
 INSTALL_HINT = f"pip install llama-cpp-python=={TESTED_VERSION} (it compiles, about 5 minutes)"
 
 # llama.cpp's file types for `llama_model_quantize`, by Tandem's precision names.

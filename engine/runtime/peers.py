@@ -79,7 +79,10 @@ class LlamaCppGeneration:
     """llama-cpp-python's plain generation (`Llama.create_chat_completion`) of the target's
     GGUF file, with the same prompts and token budget; greedy, or sampled alike."""
 
-    def __init__(self, gguf: Path, context_length: int, threads: int, gpu_layers: int, settings: DecodeSettings):
+    def __init__(
+        self, gguf: Path, context_length: int, threads: int, gpu_layers: int, settings: DecodeSettings,
+        flash_attention: bool = False,
+    ):
         try:
             from llama_cpp import Llama
         except ImportError as error:
@@ -91,6 +94,7 @@ class LlamaCppGeneration:
             self.llm = Llama(
                 model_path=str(gguf), n_ctx=context_length, n_threads=threads,
                 n_gpu_layers=gpu_layers,  # on the GPU exactly when Tandem's target is
+                flash_attn=flash_attention,  # llama-cpp-python's default is off
                 seed=settings.seed or 0, verbose=False,
             )
 

@@ -147,8 +147,9 @@ def available_methods(pair: LoadedPair) -> list[str]:
         peers.append("hf-assisted")
     if llamacpp_library.available():
         peers.append("llamacpp-ar")
-        if pair.target.gguf_file is not None:
-            peers.append("llamacpp-ar-same")
+        runs = pair.target.gguf_file
+        if runs is not None and (_target_gguf(pair) is None or runs.resolve() != _target_gguf(pair).resolve()):
+            peers.append("llamacpp-ar-same")  # only where Tandem runs another file than the one given
     return [m for m in ENGINE_METHODS if m in pair.methods] + peers
 
 
@@ -202,6 +203,7 @@ class Bench:
         for method in methods:
             runners[method](prompts[0], max_new_tokens=8)
         results = {method: MethodResult(method) for method in methods}
+        name_width = max(len(method) for method in methods)
         for index, prompt in enumerate(prompts):
             # Rotate the order per prompt: no method always runs first (or right after another).
             order = methods[index % len(methods) :] + methods[: index % len(methods)]
@@ -210,7 +212,7 @@ class Bench:
                     token_ids, seconds, stats = runners[method](prompt, self.settings.max_new_tokens)
                 results[method].runs.append(RunRecord(index, token_ids, seconds, stats))
                 results[method].peak_rss_mb = max(results[method].peak_rss_mb, peak())
-                progress(f"prompt {index + 1}/{len(prompts)} {method:>12}: {len(token_ids) / seconds:6.1f} tok/s")
+                progress(f"prompt {index + 1}/{len(prompts)} {method:>{name_width}}: {len(token_ids) / seconds:6.1f} tok/s")
         return results
 
     def _score_with_target(self, prompts: list[str], results: dict[str, MethodResult]) -> None:
@@ -232,7 +234,10 @@ class Bench:
             gguf = _target_gguf(pair) if method == "llamacpp-ar" else pair.target.gguf_file
             if gguf is None:
                 raise ConfigError(f"{method} needs a target that runs from a .gguf file (the demo target does)")
-            peer = LlamaCppGeneration(gguf, pair.context_length, torch.get_num_threads(), pair.target.gpu_layers, settings)
+            # -same runs what Tandem's runtime runs, attention kernel included (flash where the
+            # layers are on a GPU, llamacpp.attention_kernel); llamacpp-ar keeps the library's defaults.
+            flash = method == "llamacpp-ar-same" and pair.target.gpu_layers != 0
+            peer = LlamaCppGeneration(gguf, pair.context_length, torch.get_num_threads(), pair.target.gpu_layers, settings, flash)
         else:
             peer = AssistedGeneration(pair.target, pair.draft, pair.stop_token_ids, settings)
 

@@ -68,7 +68,7 @@ def test_bench_reports_every_method_with_ratios_from_one_run(tmp_path, demo_targ
     assert all(f"{method} (auto shape): verify ms by tokens" in table for method in tree_methods)
 
 
-def test_llamacpp_peer_on_the_runtimes_own_file_writes_what_ar_writes(tmp_path, capsys):
+def test_llamacpp_peer_on_the_runtimes_own_file_writes_what_ar_writes(tmp_path, capsys, demo_target_path):
     # llamacpp-ar-same is llama-cpp-python's generation of the very file Tandem's llama.cpp
     # runtime runs (the demo target's Q8_0 copy): greedy, it must write ar's replies, so the
     # speed ratio in the report compares two loops over the same weights and kernels.

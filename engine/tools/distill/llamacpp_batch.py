@@ -64,6 +64,10 @@ class LlamaCppBatchWriter:
         params.kv_unified = False
         params.n_threads = params.n_threads_batch = threads or physical_cores()
         params.no_perf = True
+        # llama.cpp's own attention choice (flash on the CPU too), unlike the chat runtime
+        # (llamacpp.attention_kernel): the plain kernel materialises each batch's scores over
+        # the whole context, here every slot's stream at once, and this writer's speed was
+        # measured as it is (docs/BENCHMARKS.md); its replies are samples either way.
         forget_log()
         self._context = self._llama.llama_init_from_model(self.weights.handle, params)
         if not self._context:
