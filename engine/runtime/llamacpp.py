@@ -105,7 +105,7 @@ def attention_kernel(weights: LlamaCppWeights) -> int:
     greedy `chain` reply in a short conversation can now part from plain decoding's at a
     near-tie, as tree replies and longer conversations could already. The verifier stays exact
     (the F32-GGUF tests), and `auto`, which runs plain decoding where drafting does not pay,
-    writes what `ar` writes.
+    wrote `ar`'s replies in every run measured.
     """
     llama_cpp = library()
     return llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if weights.gpu_layers else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED

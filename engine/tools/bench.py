@@ -147,8 +147,8 @@ def available_methods(pair: LoadedPair) -> list[str]:
         peers.append("hf-assisted")
     if llamacpp_library.available():
         peers.append("llamacpp-ar")
-        runs = pair.target.gguf_file
-        if runs is not None and (_target_gguf(pair) is None or runs.resolve() != _target_gguf(pair).resolve()):
+        given, runs = _target_gguf(pair), pair.target.gguf_file
+        if runs is not None and (given is None or runs.resolve() != given.resolve()):
             peers.append("llamacpp-ar-same")  # only where Tandem runs another file than the one given
     return [m for m in ENGINE_METHODS if m in pair.methods] + peers
 
