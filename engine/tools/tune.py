@@ -101,11 +101,15 @@ def choose(
     replies: dict[str, MethodResult], written_on: CostTable, tables: dict[Candidate, CostTable]
 ) -> tuple[Candidate, str, dict[str, dict[str, float]]]:
     """The fastest (candidate, method), and every candidate's predicted tokens/s per method."""
-    predicted = {candidate.label: {method: predicted_tokens_per_s(result, written_on, table) for method, result in replies.items()}
-                 for candidate, table in tables.items()}
+    predicted = {candidate.label: _predicted(replies, written_on, table) for candidate, table in tables.items()}
     best = max(tables, key=lambda candidate: max(predicted[candidate.label].values()))
     method = max(predicted[best.label], key=predicted[best.label].__getitem__)
     return best, method, predicted
+
+
+def _predicted(replies: dict[str, MethodResult], written_on: CostTable, table: CostTable) -> dict[str, float]:
+    """Each method's replies, re-priced with `table`: predicted tokens/s."""
+    return {method: predicted_tokens_per_s(result, written_on, table) for method, result in replies.items()}
 
 
 def tune(
@@ -138,7 +142,7 @@ def tune(
                 speeds = {method: _measured(result) for method, result in replies.items()}
                 confirmed[candidate] = (max(speeds, key=speeds.__getitem__), max(speeds.values()))
             else:
-                predicted = {m: predicted_tokens_per_s(r, tables[measured_on], tables[candidate]) for m, r in replies.items()}
+                predicted = _predicted(replies, tables[measured_on], tables[candidate])
                 method = max(predicted, key=predicted.__getitem__)
                 progress(f"{candidate.label}: replies with {method}, predicted fastest here ({predicted[method]:.1f} tok/s)…")
                 confirmed[candidate] = (method, _measured(Bench(pair, settings).replies(prompts, [method], progress)[method]))
