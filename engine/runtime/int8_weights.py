@@ -7,8 +7,8 @@ memory. Symmetric rounding to 127 levels per row is the same scheme as llama.cpp
 with one scale per row instead of one per 32 weights.
 
 On a GPU each matmul reads a copy of the weight in the activations' dtype. On the CPU the
-matmul is an integer one (`integer_product`): the activations are rounded to int8 as well,
-in two levels, so that the product is as close to the float one as the weight's rounding
+matmul is an integer one (int8_kernel.integer_product): the activations are rounded to int8
+as well, in two levels, so that the product is as close to the float one as the weight's rounding
 allows, and a token's row of the product is the same integers whatever else is in the batch.
 """
 from __future__ import annotations
@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .int8_kernel import integer_product
 
 
 def quantise_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,29 +57,6 @@ class Int8Linear(nn.Module):
         if self.bias is not None:
             out = out + self.bias
         return out.to(x.dtype)
-
-
-def integer_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight.T in float32 for float (n, K) rows and an (N, K) int8 weight, by one int8
-    matmul with int32 sums (`torch._int_mm`, VNNI on x86).
-
-    Each row is rounded to int8 twice: once at its own scale (max |x| / 127), then what that
-    left over at the leftover's scale. One level alone costs a 135M model a tenth of its
-    top-1 agreement with its float self (outlier channels flatten the rest of the row); two
-    levels measure the same as the float activations (docs/BENCHMARKS.md). Both levels go
-    through the same matmul as 2n rows, and the integer kernel's cost is nearly flat in
-    rows where the fused int8 weight-only kernel doubles past four. The sums are exact, so
-    a row's product never depends on the rows batched with it: a verify of k tokens gives
-    each token the logits a one-token step gives it."""
-    rows = x.float()
-    first_scale = rows.abs().amax(dim=1, keepdim=True).clamp(min=1e-30) / 127.0
-    first = torch.round(rows / first_scale)
-    leftover = rows - first * first_scale
-    second_scale = leftover.abs().amax(dim=1, keepdim=True).clamp(min=1e-30) / 127.0
-    second = torch.round(leftover / second_scale)
-    sums = torch._int_mm(torch.cat([first, second]).to(torch.int8), weight.t()).float()
-    count = rows.shape[0]
-    return sums[:count] * first_scale + sums[count:] * second_scale
 
 
 @torch.no_grad()  # the biases are parameters: their joined copy must not carry autograd's graph

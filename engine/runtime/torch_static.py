@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from .base import ModelRuntime
 from .compiled_forward import BackgroundCompile, shared_compile
+from . import int8_kernel
 from .int8_weights import Int8Linear, join_rows
 from .static_families import recipe_for, rotary_function, static_refusal
 
@@ -272,6 +273,8 @@ class StaticTorchRuntime(ModelRuntime):
             # then every other shape, each a guard check away from those two.
             shapes = [(bucket, window) for window in self.windows for bucket in BUCKETS]
             shapes.sort(key=lambda shape: (shape != (1, self.windows[0]), shape != (8, self.windows[0])))
+            if device.type == "cpu":
+                int8_kernel.unavailable_reason()  # built and loaded before the graphs are traced: they read whether it is there
             self.compiler = shared_compile(model, (self.feature_layers, rows), shapes)
             self.compiler.users += 1
 

@@ -60,8 +60,8 @@ def test_the_layer_takes_the_integer_matmul_for_any_leading_shape(shape, bias, d
     layer = Int8Linear.from_linear(torch.nn.Linear(64, 96, bias=bias).to(dtype))
     x = torch.randn(shape, dtype=dtype)
     calls = []
-    integer_matmul = torch._int_mm
-    monkeypatch.setattr(int8_weights.torch, "_int_mm", lambda *args: calls.append(1) or integer_matmul(*args))
+    integer_product = int8_weights.integer_product
+    monkeypatch.setattr(int8_weights, "integer_product", lambda *args: calls.append(1) or integer_product(*args))
 
     out = layer(x)
 
@@ -118,9 +118,9 @@ def test_the_static_forward_joins_the_int8_projections_and_keeps_every_logit(fam
     separate.forward_pass.joined = [JoinedProjections()] * layers  # every projection on its own
     joined = StaticTorchRuntime(model, torch.device("cpu"), 200, graphs=False)
     calls = []
-    integer_matmul = torch._int_mm
+    integer_product = int8_weights.integer_product
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(int8_weights.torch, "_int_mm", lambda *args: calls.append(1) or integer_matmul(*args))
+        patch.setattr(int8_weights, "integer_product", lambda *args: calls.append(1) or integer_product(*args))
         logits = joined.forward(ids, logits_wanted=4)
     assert torch.equal(logits, separate.forward(ids, logits_wanted=4))
     # qkv, o, gate_up, down (Phi-3's own qkv_proj and gate_up_proj likewise), and the LM head

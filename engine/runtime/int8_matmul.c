@@ -1,0 +1,164 @@
+/* The int8 layers' product for a few float rows, with AVX-512 VNNI: each row rounded to int8
+ * in two levels, times the int8 weight with int32 sums (the integers torch._int_mm gives), and
+ * scaled back to float32 (engine/runtime/int8_kernel.py, whose torch version is the reference).
+ *
+ * Why it is shaped this way (engine/runtime/int8_kernel.py says why it exists):
+ * - VPDPBUSD multiplies unsigned by signed bytes, four at a time into each int32 lane. The
+ *   rounded activations are stored shifted to unsigned (level + 128) and the shift is taken
+ *   back as 128 * (the weight row's sum), which one more pass with a row of ones gives.
+ * - The weight stays in its row-major layout (no repacked copy): 16 rows at a time, one
+ *   accumulator each, the same 64 bytes of an activation row against each row's next 64.
+ *   A tree of unpacks and shuffles then turns the 16 accumulators into one vector whose lane r
+ *   is row r's sum, so each 16 outputs cost ~30 instructions, not 16 horizontal sums.
+ * - A block's 16 rows are read from memory once, by the first activation row; the other
+ *   rows find them in L1/L2. For one token (two levels) the product runs at the memory's
+ *   speed; with more tokens it is bound by VPDPBUSD's throughput.
+ * - Rounding inside the call, not in torch before it, saves the compiled graph its rounding
+ *   kernels: at a few rows each costs about what its launch does.
+ * - Built with -ffp-contract=off: a fused multiply-add would round differently from torch.
+ * - OpenMP splits the blocks across threads. The library links libgomp.so.1 by name, the
+ *   runtime torch itself has loaded, so its threads are torch's threads.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ROWS 16
+#define CHUNK 64
+
+/* One vector whose lane r is the sum of acc[r]'s 16 lanes. */
+static inline __m512i sum_lanes_16(const __m512i acc[ROWS]) {
+    __m512i pairs[8], quads[4];
+    for (int i = 0; i < 8; i++) /* each 128-bit lane: two partial sums per row of a pair */
+        pairs[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(acc[2 * i], acc[2 * i + 1]),
+                                    _mm512_unpackhi_epi32(acc[2 * i], acc[2 * i + 1]));
+    for (int i = 0; i < 4; i++) /* each 128-bit lane: one partial sum per row of a quad */
+        quads[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(pairs[2 * i], pairs[2 * i + 1]),
+                                    _mm512_unpackhi_epi64(pairs[2 * i], pairs[2 * i + 1]));
+    /* add the four 128-bit lanes of each quad, and put quad q in 128-bit lane q */
+    __m512i low = _mm512_add_epi32(_mm512_shuffle_i32x4(quads[0], quads[1], 0x44),
+                                   _mm512_shuffle_i32x4(quads[0], quads[1], 0xEE));
+    __m512i high = _mm512_add_epi32(_mm512_shuffle_i32x4(quads[2], quads[3], 0x44),
+                                    _mm512_shuffle_i32x4(quads[2], quads[3], 0xEE));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(low, high, 0x88),
+                            _mm512_shuffle_i32x4(low, high, 0xDD));
+}
+
+/* Lane r: the unsigned bytes of `activations` times the signed bytes of rows[r], over k. */
+static inline __m512i dot_rows(const uint8_t *activations, const int8_t *const rows[ROWS],
+                               int64_t k) {
+    __m512i acc[ROWS];
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_si512();
+    int64_t start = 0;
+    for (; start + CHUNK <= k; start += CHUNK) {
+        __m512i x = _mm512_loadu_si512(activations + start);
+        for (int r = 0; r < ROWS; r++)
+            acc[r] = _mm512_dpbusd_epi32(acc[r], x, _mm512_loadu_si512(rows[r] + start));
+    }
+    if (start < k) { /* the last k % 64 bytes; masked-off bytes load as zero */
+        __mmask64 tail = _bzhi_u64(~0ULL, (unsigned)(k - start));
+        __m512i x = _mm512_maskz_loadu_epi8(tail, activations + start);
+        for (int r = 0; r < ROWS; r++)
+            acc[r] = _mm512_dpbusd_epi32(acc[r], x, _mm512_maskz_loadu_epi8(tail, rows[r] + start));
+    }
+    return sum_lanes_16(acc);
+}
+
+/* One row's two rounding levels, as unsigned bytes (value + 128) with their scales, computed
+ * as engine/runtime/int8_kernel.py's torch version computes them, operation for operation in
+ * float32, so both give the same bytes and scales: a token's product does not depend on which
+ * of them ran it. */
+/* torch's amax(...).clamp(min=1e-30) / 127 of the values whose largest |value| is `largest`
+ * (NaN where any value was NaN, as amax and clamp keep a NaN). */
+static inline float scale_of(__m512 largest, __mmask16 any_nan) {
+    float most = any_nan ? NAN : _mm512_reduce_max_ps(largest);
+    return (most < 1e-30f ? 1e-30f : most) / 127.0f;
+}
+
+static inline __mmask16 lanes_from(int64_t j, int64_t k) {
+    return k - j >= 16 ? 0xFFFF : (__mmask16)((1u << (k - j)) - 1);
+}
+
+/* level + 128 as bytes, for 16 levels */
+static inline void store_level(uint8_t *to, __mmask16 lanes, __m512 level) {
+    __m512i shifted = _mm512_add_epi32(_mm512_cvtps_epi32(level), _mm512_set1_epi32(128));
+    _mm_mask_storeu_epi8(to, lanes, _mm512_cvtepi32_epi8(shifted));
+}
+
+static void round_row(const float *x, int64_t k, uint8_t *first, uint8_t *second, float *leftover,
+                      float scales[2]) {
+    const int nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC; /* half to even, as torch.round */
+    __m512 largest = _mm512_setzero_ps();
+    __mmask16 any_nan = 0;
+    for (int64_t j = 0; j < k; j += 16) {
+        __m512 values = _mm512_maskz_loadu_ps(lanes_from(j, k), x + j);
+        any_nan |= _mm512_cmp_ps_mask(values, values, _CMP_UNORD_Q);
+        largest = _mm512_max_ps(largest, _mm512_abs_ps(values));
+    }
+    float scale = scale_of(largest, any_nan);
+    __m512 first_scale = _mm512_set1_ps(scale), left_largest = _mm512_setzero_ps();
+    __mmask16 left_nan = 0;
+    for (int64_t j = 0; j < k; j += 16) {
+        __mmask16 lanes = lanes_from(j, k);
+        __m512 values = _mm512_maskz_loadu_ps(lanes, x + j);
+        __m512 level = _mm512_roundscale_ps(_mm512_div_ps(values, first_scale), nearest);
+        store_level(first + j, lanes, level);
+        __m512 left = _mm512_sub_ps(values, _mm512_mul_ps(level, first_scale));
+        _mm512_mask_storeu_ps(leftover + j, lanes, left);
+        left_nan |= _mm512_mask_cmp_ps_mask(lanes, left, left, _CMP_UNORD_Q);
+        left_largest = _mm512_max_ps(left_largest, _mm512_abs_ps(left));
+    }
+    float left_scale = scale_of(left_largest, left_nan);
+    __m512 second_scale = _mm512_set1_ps(left_scale);
+    for (int64_t j = 0; j < k; j += 16) {
+        __mmask16 lanes = lanes_from(j, k);
+        __m512 left = _mm512_maskz_loadu_ps(lanes, leftover + j);
+        store_level(second + j, lanes, _mm512_roundscale_ps(_mm512_div_ps(left, second_scale), nearest));
+    }
+    scales[0] = scale;
+    scales[1] = left_scale;
+}
+
+/* out (m, n) float32 = the float rows x (m, k), each rounded to int8 in two levels, times the
+ * int8 weight rows (n of k bytes, `w_stride` apart) transposed: sums1 * scale1 + sums2 * scale2.
+ * Returns 0, or -1 where memory for the rounded rows could not be had. */
+int tandem_int8_product(const float *x, int64_t m, int64_t k, const int8_t *w, int64_t n,
+                        int64_t w_stride, float *out, int threads) {
+    int64_t padded = (k + CHUNK - 1) / CHUNK * CHUNK;
+    uint8_t *levels = malloc((size_t)(2 * m + 1) * padded); /* row i: levels 2i and 2i+1 */
+    float *scales = malloc(sizeof(float) * 2 * m);
+    float *leftover = malloc(sizeof(float) * k);
+    int8_t *zero_row = calloc((size_t)padded, 1); /* stands in for the rows past n */
+    if (levels == NULL || scales == NULL || leftover == NULL || zero_row == NULL) {
+        free(levels), free(scales), free(leftover), free(zero_row);
+        return -1;
+    }
+    for (int64_t i = 0; i < m; i++) {
+        uint8_t *first_level = levels + 2 * i * padded, *second_level = first_level + padded;
+        round_row(x + i * k, k, first_level, second_level, leftover, scales + 2 * i);
+    }
+    uint8_t *ones = levels + 2 * m * padded;
+    memset(ones, 1, (size_t)padded);
+    int64_t blocks = (n + ROWS - 1) / ROWS;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t block = 0; block < blocks; block++) {
+        int64_t first = block * ROWS;
+        int count = n - first < ROWS ? (int)(n - first) : ROWS;
+        const int8_t *rows[ROWS];
+        for (int r = 0; r < ROWS; r++) rows[r] = r < count ? w + (first + r) * w_stride : zero_row;
+        __m512i shift = _mm512_slli_epi32(dot_rows(ones, rows, k), 7); /* 128 * row sums */
+        __mmask16 lanes = (__mmask16)((1u << count) - 1);
+        for (int64_t i = 0; i < m; i++) {
+            __m512i sums = _mm512_sub_epi32(dot_rows(levels + 2 * i * padded, rows, k), shift);
+            __m512i left_sums = _mm512_sub_epi32(dot_rows(levels + (2 * i + 1) * padded, rows, k), shift);
+            __m512 first_part = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(scales[2 * i]));
+            __m512 second_part = _mm512_mul_ps(_mm512_cvtepi32_ps(left_sums), _mm512_set1_ps(scales[2 * i + 1]));
+            __m512 product = _mm512_add_ps(first_part, second_part);
+            _mm512_mask_storeu_ps(out + i * n + first, lanes, product);
+        }
+    }
+    free(levels), free(scales), free(leftover), free(zero_row);
+    return 0;
+}
