@@ -42,6 +42,9 @@ NEEDED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "bmi
 # kernel's threads are torch's own (clang's -fopenmp would bring a second runtime: use gcc).
 COMPILER_FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mbmi2", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 BUILD_TIMEOUT_S = 120
+# Whether a compiled one-token forward calls the kernel. Read while tracing, so dynamo keeps a
+# graph per value: docs/bench/int8_kernel_step.py compiles both and times them call by call.
+KERNEL_IN_ONE_TOKEN_GRAPHS = True
 # The most rows (tokens) the kernel takes outside a compiled graph: past them oneDNN's
 # blocked GEMM is faster (docs/bench/int8_matvec.py).
 MOST_TOKENS = 6
@@ -69,7 +72,7 @@ def integer_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     The row count is a constant of the one-token graph, so the choice adds no graph."""
     x = x.float()
     if torch.compiler.is_compiling():  # torch_static loads the kernel before it compiles
-        use_kernel = _library is not None and x.shape[0] == 1
+        use_kernel = x.shape[0] == 1 and KERNEL_IN_ONE_TOKEN_GRAPHS and _library is not None
     else:
         use_kernel = x.shape[0] <= MOST_TOKENS and _loaded() is not None
     return torch.ops.tandem.int8_product.default(x, weight) if use_kernel else torch_product(x, weight)
@@ -89,18 +92,26 @@ def torch_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def kernel_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """integer_product by the kernel, for any number of rows (where `unavailable_reason()` is None)."""
-    library = _loaded()
+    """integer_product by the kernel, for any number of rows (where `unavailable_reason()` is None).
+
+    Written for the per-call cost: a one-token forward makes 121 of these calls, each a few
+    microseconds of work, so every check here is a plain comparison (torch._check with its
+    message closures cost 6 µs a call)."""
+    library = _library if _tried else _loaded()
     if library is None:
         raise RuntimeError(f"the int8 kernel is not available: {_reason}")
-    _check_operands(x, weight)  # the C code trusts its pointers and sizes
-    x = x.contiguous()
+    if not (x.is_cpu and weight.is_cpu and x.dtype == torch.float32 and weight.dtype == torch.int8
+            and x.dim() == 2 and weight.dim() == 2 and x.shape[1] == weight.shape[1]):
+        _check_operands(x, weight)  # raises, saying what does not fit: the C code trusts its pointers and sizes
+    if not x.is_contiguous():
+        x = x.contiguous()
     if weight.stride(1) != 1:
         weight = weight.contiguous()
-    out = torch.empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
+    rows, width = x.shape
+    outputs = weight.shape[0]
+    out = torch.empty((rows, outputs), dtype=torch.float32)
     failed = library.tandem_int8_product(
-        x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), weight.shape[0], weight.stride(0),
-        out.data_ptr(), torch.get_num_threads(),
+        x.data_ptr(), rows, width, weight.data_ptr(), outputs, weight.stride(0), out.data_ptr(), torch.get_num_threads(),
     )
     if failed:
         raise MemoryError("out of memory for the int8 product's rounded activations")
@@ -115,7 +126,7 @@ def _check_operands(x: torch.Tensor, weight: torch.Tensor) -> None:
 
 
 def _int8_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return kernel_product(x, weight) if _loaded() is not None else torch_product(x, weight)
+    return kernel_product(x, weight) if (_library if _tried else _loaded()) is not None else torch_product(x, weight)
 
 
 # Defined with the low-level registration: torch.library.custom_op wraps each call in ~10 µs
