@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from engine.runtime.int8_kernel import MOST_TOKENS, kernel_product, torch_product, unavailable_reason
+from engine.runtime.int8_kernel import MOST_TOKENS, kernel_product, torch_product, unavailable_reason, weight_row_sums
 
 HIDDEN, INTERMEDIATE, QKV, LAYERS, VOCAB = 576, 1536, 960, 30, 49152
 SHAPES = [(QKV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)] * LAYERS + [(VOCAB, HIDDEN)]
@@ -42,21 +42,22 @@ def main() -> None:
     print(f"kernel: {unavailable_reason() or 'built and used'}; Int8Linear uses it up to {MOST_TOKENS} tokens")
     generator = torch.Generator().manual_seed(0)
     weights = [torch.randint(-127, 128, shape, dtype=torch.int8, generator=generator) for shape in SHAPES]
+    row_sums = [weight_row_sums(weight) for weight in weights]  # kept with the weights, as Int8Linear keeps them
     weight_bytes = sum(weight.numel() for weight in weights)
     bandwidth = read_bandwidth_gb_s()
     print(f"weights: {weight_bytes / 1e6:.1f} MB; read bandwidth {bandwidth:.1f} GB/s; roofline {weight_bytes / bandwidth / 1e6:.2f} ms a pass")
-    kernels = {"torch": torch_product, "tandem": kernel_product}
+    kernels = {"torch": lambda x, weight, sums: torch_product(x, weight), "tandem": kernel_product}
     for tokens in TOKENS:
         activations = {width: torch.randn(tokens, width, generator=generator) for width in (HIDDEN, INTERMEDIATE)}
-        for weight in weights[:4] + weights[-1:]:
+        for weight, sums in list(zip(weights, row_sums))[:4] + [(weights[-1], row_sums[-1])]:
             x = activations[weight.shape[1]]
-            assert torch.equal(kernels["tandem"](x, weight), kernels["torch"](x, weight))
+            assert torch.equal(kernels["tandem"](x, weight, sums), kernels["torch"](x, weight, sums))
         times: dict[str, list[float]] = {name: [] for name in kernels}
         for _ in range(REPEATS):
             for name, kernel in kernels.items():
                 started = time.perf_counter()
-                for weight in weights:
-                    kernel(activations[weight.shape[1]], weight)
+                for weight, sums in zip(weights, row_sums):
+                    kernel(activations[weight.shape[1]], weight, sums)
                 times[name].append(1000 * (time.perf_counter() - started))
         medians = {name: statistics.median(values) for name, values in times.items()}
         print(f"{tokens:3d} tokens: torch {medians['torch']:6.2f} ms  tandem {medians['tandem']:6.2f} ms  "

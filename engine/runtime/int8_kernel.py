@@ -55,9 +55,9 @@ _reason: str | None = None  # why the kernel is not used; None until the first a
 _tried = False
 
 
-def integer_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight.T in float32 for float rows x (m, k) and an int8 weight (n, k), by an integer
-    matmul with int32 sums.
+def integer_product(x: torch.Tensor, weight: torch.Tensor, row_sums: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T in float32 for float rows x (m, k) and an int8 weight (n, k) whose rows sum
+    to `row_sums` (int32, `weight_row_sums`), by an integer matmul with int32 sums.
 
     Each row is rounded to int8 twice: once at its own scale (max |x| / 127), then what that
     left over at the leftover's scale. One level alone costs a 135M model a tenth of its
@@ -75,7 +75,12 @@ def integer_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         use_kernel = x.shape[0] == 1 and KERNEL_IN_ONE_TOKEN_GRAPHS and _library is not None
     else:
         use_kernel = x.shape[0] <= MOST_TOKENS and _loaded() is not None
-    return torch.ops.tandem.int8_product.default(x, weight) if use_kernel else torch_product(x, weight)
+    return torch.ops.tandem.int8_product.default(x, weight, row_sums) if use_kernel else torch_product(x, weight)
+
+
+def weight_row_sums(weight: torch.Tensor) -> torch.Tensor:
+    """What the kernel needs kept with an int8 weight: each row's sum, as int32."""
+    return weight.sum(dim=1, dtype=torch.int32)
 
 
 def torch_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -91,7 +96,7 @@ def torch_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return sums[:count] * first_scale + sums[count:] * second_scale
 
 
-def kernel_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def kernel_product(x: torch.Tensor, weight: torch.Tensor, row_sums: torch.Tensor) -> torch.Tensor:
     """integer_product by the kernel, for any number of rows (where `unavailable_reason()` is None).
 
     Written for the per-call cost: a one-token forward makes 121 of these calls, each a few
@@ -101,8 +106,9 @@ def kernel_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if library is None:
         raise RuntimeError(f"the int8 kernel is not available: {_reason}")
     if not (x.is_cpu and weight.is_cpu and x.dtype == torch.float32 and weight.dtype == torch.int8
-            and x.dim() == 2 and weight.dim() == 2 and x.shape[1] == weight.shape[1]):
-        _check_operands(x, weight)  # raises, saying what does not fit: the C code trusts its pointers and sizes
+            and x.dim() == 2 and weight.dim() == 2 and x.shape[1] == weight.shape[1]
+            and row_sums.dtype == torch.int32 and row_sums.shape == weight.shape[:1] and row_sums.is_contiguous()):
+        _check_operands(x, weight, row_sums)  # raises, saying what does not fit: the C code trusts its pointers and sizes
     if not x.is_contiguous():
         x = x.contiguous()
     if weight.stride(1) != 1:
@@ -111,34 +117,39 @@ def kernel_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     outputs = weight.shape[0]
     out = torch.empty((rows, outputs), dtype=torch.float32)
     failed = library.tandem_int8_product(
-        x.data_ptr(), rows, width, weight.data_ptr(), outputs, weight.stride(0), out.data_ptr(), torch.get_num_threads(),
+        x.data_ptr(), rows, width, weight.data_ptr(), outputs, weight.stride(0), row_sums.data_ptr(), out.data_ptr(),
+        torch.get_num_threads(),
     )
     if failed:
         raise MemoryError("out of memory for the int8 product's rounded activations")
     return out
 
 
-def _check_operands(x: torch.Tensor, weight: torch.Tensor) -> None:
+def _check_operands(x: torch.Tensor, weight: torch.Tensor, row_sums: torch.Tensor) -> None:
     torch._check(x.dim() == 2 and weight.dim() == 2, lambda: "the int8 product takes (m, k) rows and an (n, k) weight")
     torch._check(x.shape[1] == weight.shape[1], lambda: f"rows of width {x.shape[1]} against a weight of width {weight.shape[1]}")
     torch._check(x.dtype == torch.float32 and weight.dtype == torch.int8, lambda: f"float32 rows and an int8 weight, not {x.dtype} and {weight.dtype}")
     torch._check(x.device.type == "cpu" and weight.device.type == "cpu", lambda: "the int8 kernel runs on the CPU")
+    torch._check(row_sums.dtype == torch.int32 and row_sums.shape == weight.shape[:1] and row_sums.is_contiguous(),
+                 lambda: "the weight's row sums: one contiguous int32 per row (weight_row_sums)")
 
 
-def _int8_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return kernel_product(x, weight) if (_library if _tried else _loaded()) is not None else torch_product(x, weight)
+def _int8_product(x: torch.Tensor, weight: torch.Tensor, row_sums: torch.Tensor) -> torch.Tensor:
+    if (_library if _tried else _loaded()) is None:
+        return torch_product(x, weight)
+    return kernel_product(x, weight, row_sums)
 
 
 # Defined with the low-level registration: torch.library.custom_op wraps each call in ~10 µs
 # more Python, and a forward of the demo target makes 121 of them.
 _operators = torch.library.Library("tandem", "DEF")
-_operators.define("int8_product(Tensor x, Tensor weight) -> Tensor")
+_operators.define("int8_product(Tensor x, Tensor weight, Tensor row_sums) -> Tensor")
 _operators.impl("int8_product", _int8_product, "CPU")
 
 
 @torch.library.register_fake("tandem::int8_product")
-def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    _check_operands(x, weight)
+def _(x: torch.Tensor, weight: torch.Tensor, row_sums: torch.Tensor) -> torch.Tensor:
+    _check_operands(x, weight, row_sums)
     return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
 
 
@@ -225,6 +236,9 @@ def _load(library: Path) -> ctypes.CDLL:
         except OSError:
             raise KernelUnavailable(f"the int8 kernel does not load: {error}") from error
     function = loaded.tandem_int8_product
-    function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    function.argtypes = [
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_int,
+    ]
     function.restype = ctypes.c_int
     return loaded

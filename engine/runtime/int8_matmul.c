@@ -5,7 +5,8 @@
  * Why it is shaped this way (engine/runtime/int8_kernel.py says why it exists):
  * - VPDPBUSD multiplies unsigned by signed bytes, four at a time into each int32 lane. The
  *   rounded activations are stored shifted to unsigned (level + 128) and the shift is taken
- *   back as 128 * (the weight row's sum), which one more pass with a row of ones gives.
+ *   back as 128 * (the weight row's sum). The caller keeps those sums with the weight:
+ *   computing them here was one more pass over the weight, 10% of a one-token forward.
  * - The weight stays in its row-major layout (no repacked copy): 16 rows at a time, one
  *   accumulator each, the same 64 bytes of an activation row against each row's next 64.
  *   A tree of unpacks and shuffles then turns the 16 accumulators into one vector whose lane r
@@ -23,7 +24,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #define ROWS 16
 #define CHUNK 64
@@ -123,11 +123,12 @@ static void round_row(const float *x, int64_t k, uint8_t *first, uint8_t *second
 
 /* out (m, n) float32 = the float rows x (m, k), each rounded to int8 in two levels, times the
  * int8 weight rows (n of k bytes, `w_stride` apart) transposed: sums1 * scale1 + sums2 * scale2.
- * Returns 0, or -1 where memory for the rounded rows could not be had. */
+ * row_sums: the n weight rows' sums. Returns 0, or -1 where memory for the rounded rows could
+ * not be had. */
 int tandem_int8_product(const float *x, int64_t m, int64_t k, const int8_t *w, int64_t n,
-                        int64_t w_stride, float *out, int threads) {
+                        int64_t w_stride, const int32_t *row_sums, float *out, int threads) {
     int64_t padded = (k + CHUNK - 1) / CHUNK * CHUNK;
-    uint8_t *levels = malloc((size_t)(2 * m + 1) * padded); /* row i: levels 2i and 2i+1 */
+    uint8_t *levels = malloc((size_t)(2 * m) * padded); /* row i: levels 2i and 2i+1 */
     float *scales = malloc(sizeof(float) * 2 * m);
     float *leftover = malloc(sizeof(float) * k);
     int8_t *zero_row = calloc((size_t)padded, 1); /* stands in for the rows past n */
@@ -139,8 +140,6 @@ int tandem_int8_product(const float *x, int64_t m, int64_t k, const int8_t *w, i
         uint8_t *first_level = levels + 2 * i * padded, *second_level = first_level + padded;
         round_row(x + i * k, k, first_level, second_level, leftover, scales + 2 * i);
     }
-    uint8_t *ones = levels + 2 * m * padded;
-    memset(ones, 1, (size_t)padded);
     int64_t blocks = (n + ROWS - 1) / ROWS;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t block = 0; block < blocks; block++) {
@@ -148,8 +147,8 @@ int tandem_int8_product(const float *x, int64_t m, int64_t k, const int8_t *w, i
         int count = n - first < ROWS ? (int)(n - first) : ROWS;
         const int8_t *rows[ROWS];
         for (int r = 0; r < ROWS; r++) rows[r] = r < count ? w + (first + r) * w_stride : zero_row;
-        __m512i shift = _mm512_slli_epi32(dot_rows(ones, rows, k), 7); /* 128 * row sums */
         __mmask16 lanes = (__mmask16)((1u << count) - 1);
+        __m512i shift = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(lanes, row_sums + first), 7); /* 128 * row sums */
         for (int64_t i = 0; i < m; i++) {
             __m512i sums = _mm512_sub_epi32(dot_rows(levels + 2 * i * padded, rows, k), shift);
             __m512i left_sums = _mm512_sub_epi32(dot_rows(levels + (2 * i + 1) * padded, rows, k), shift);

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .int8_kernel import integer_product
+from .int8_kernel import integer_product, weight_row_sums
 
 
 def quantise_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,6 +35,8 @@ class Int8Linear(nn.Module):
         super().__init__()
         self.register_buffer("weight", weight)
         self.register_buffer("scale", scale)
+        # For the CPU's int8 kernel (int8_kernel.py); rebuilt with the layer, never saved.
+        self.register_buffer("row_sums", weight_row_sums(weight), persistent=False)
         self.bias = bias
 
     @classmethod
@@ -49,7 +51,7 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type == "cpu":
             flat = x.reshape(-1, x.shape[-1])
-            product = integer_product(flat, self.weight).reshape(*x.shape[:-1], -1)
+            product = integer_product(flat, self.weight, self.row_sums).reshape(*x.shape[:-1], -1)
         else:
             product = F.linear(x, self.weight.to(x.dtype))
         # Scaled (and biased) in float32, then rounded once to the activations' dtype.

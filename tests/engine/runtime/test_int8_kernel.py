@@ -13,7 +13,9 @@ import torch
 
 from engine.runtime import int8_kernel
 from engine.runtime.cpu import cpu_flags
-from engine.runtime.int8_kernel import MOST_TOKENS, NEEDED_FLAGS, integer_product, kernel_product, torch_product, unavailable_reason
+from engine.runtime.int8_kernel import (
+    MOST_TOKENS, NEEDED_FLAGS, integer_product, kernel_product, torch_product, unavailable_reason, weight_row_sums,
+)
 
 CAN_BUILD = NEEDED_FLAGS <= cpu_flags() and shutil.which(os.environ.get("CC", "cc")) is not None and sys.platform.startswith("linux")
 
@@ -45,7 +47,7 @@ def test_the_kernel_is_built_and_used_where_the_cpu_and_a_compiler_allow():
     original = torch._int_mm
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch, "_int_mm", lambda *args: calls.append(1) or original(*args))
-        assert torch.equal(integer_product(x, weight), torch_product(x, weight))
+        assert torch.equal(integer_product(x, weight, weight_row_sums(weight)), torch_product(x, weight))
     assert calls == [1]  # torch_product's, not integer_product's: the kernel did that one
 
 
@@ -58,7 +60,7 @@ def test_the_kernel_gives_the_torch_versions_floats_for_every_shape(rows, width,
     x, weight = activations(rows, width, seed=rows), random_int8(outputs, width, seed=width)
     weight[0, :] = -127  # the extremes: the kernel shifts the rounded activations by 128 and takes it back
     weight[-1, :] = 127
-    out = kernel_product(x, weight)
+    out = kernel_product(x, weight, weight_row_sums(weight))
     assert out.dtype == torch.float32 and torch.equal(out, torch_product(x, weight))
 
 
@@ -66,7 +68,7 @@ def test_the_kernel_gives_the_torch_versions_floats_for_every_shape(rows, width,
 def test_the_product_is_the_float_product_up_to_the_activations_second_rounding(seed):
     x, weight = activations(4, 256, seed=seed), random_int8(96, 256, seed=seed)
     reference = x @ weight.float().T
-    assert (integer_product(x, weight) - reference).abs().max() < 1e-3 * reference.abs().max()
+    assert (integer_product(x, weight, weight_row_sums(weight)) - reference).abs().max() < 1e-3 * reference.abs().max()
 
 
 @pytest.mark.skipif(not CAN_BUILD, reason="this machine cannot build the kernel (no AVX-512 VNNI or no C compiler)")
@@ -76,16 +78,16 @@ def test_a_weight_given_as_rows_of_a_larger_one_is_read_in_place():
     whole = random_int8(96, 128, seed=3)
     x = activations(4, 64, seed=4)
     for weight in (whole[16:80, :64], whole[5:37, 64:]):
-        assert torch.equal(kernel_product(x, weight), torch_product(x, weight.contiguous()))
+        assert torch.equal(kernel_product(x, weight, weight_row_sums(weight)), torch_product(x, weight.contiguous()))
 
 
 def test_a_row_is_the_same_floats_alone_or_in_a_batch_of_any_size():
     weight = random_int8(100, 300, seed=6)
     batch = activations(MOST_TOKENS + 4, 300, seed=7)  # past MOST_TOKENS the torch version runs the batch
-    together = integer_product(batch, weight)
+    together = integer_product(batch, weight, weight_row_sums(weight))
     for row in range(batch.shape[0]):
-        assert torch.equal(integer_product(batch[row : row + 1], weight), together[row : row + 1])
-    assert torch.equal(integer_product(batch[1:4], weight), together[1:4])
+        assert torch.equal(integer_product(batch[row : row + 1], weight, weight_row_sums(weight)), together[row : row + 1])
+    assert torch.equal(integer_product(batch[1:4], weight, weight_row_sums(weight)), together[1:4])
 
 
 @pytest.mark.skipif(not CAN_BUILD, reason="this machine cannot build the kernel (no AVX-512 VNNI or no C compiler)")
@@ -95,7 +97,7 @@ def test_rows_of_zeros_tiny_values_and_a_nan_come_out_as_torch_gives_them():
     x[1] = 0.0
     x[2] *= 1e-35  # below the smallest scale torch allows (1e-30 / 127)
     x[3, 7] = float("nan")
-    out, reference = kernel_product(x, weight), torch_product(x, weight)
+    out, reference = kernel_product(x, weight, weight_row_sums(weight)), torch_product(x, weight)
     assert torch.equal(out[:3], reference[:3])
     assert out[3].isnan().all() and reference[3].isnan().all()  # a broken model's NaN is not rounded away
 
@@ -106,13 +108,13 @@ def test_the_product_is_the_same_from_another_thread_and_with_one_thread():
     x, weight = activations(3, 576, seed=17), random_int8(960, 576, seed=18)
     expected = torch_product(x, weight)
     results = []
-    worker = threading.Thread(target=lambda: results.append(kernel_product(x, weight)))
+    worker = threading.Thread(target=lambda: results.append(kernel_product(x, weight, weight_row_sums(weight))))
     worker.start()
     worker.join()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        results.append(kernel_product(x, weight))
+        results.append(kernel_product(x, weight, weight_row_sums(weight)))
     finally:
         torch.set_num_threads(threads)
     assert len(results) == 2 and all(torch.equal(result, expected) for result in results)
@@ -121,9 +123,9 @@ def test_the_product_is_the_same_from_another_thread_and_with_one_thread():
 def test_operands_that_do_not_fit_are_refused_before_the_kernel_reads_them():
     x, weight = activations(2, 64, seed=19), random_int8(16, 96, seed=20)
     with pytest.raises(RuntimeError, match="width 64 against a weight of width 96"):
-        torch.ops.tandem.int8_product.default(x, weight)
+        torch.ops.tandem.int8_product.default(x, weight, weight_row_sums(weight))
     with pytest.raises(RuntimeError, match="float32 rows and an int8 weight"):
-        torch.ops.tandem.int8_product.default(x.double(), random_int8(16, 64, seed=21))
+        torch.ops.tandem.int8_product.default(x.double(), weight[:, :64].contiguous(), weight_row_sums(weight[:, :64]))
 
 
 def test_without_a_compiler_oneDNN_does_the_product_and_the_reason_is_kept(fresh_kernel, monkeypatch):
@@ -131,14 +133,14 @@ def test_without_a_compiler_oneDNN_does_the_product_and_the_reason_is_kept(fresh
     monkeypatch.setattr(int8_kernel.sys, "platform", "linux")
     monkeypatch.setattr(int8_kernel, "cpu_flags", lambda: NEEDED_FLAGS)  # the compiler is what is missing
     x, weight = activations(2, 64, seed=8), random_int8(16, 64, seed=9)
-    assert torch.equal(integer_product(x, weight), torch_product(x, weight))
+    assert torch.equal(integer_product(x, weight, weight_row_sums(weight)), torch_product(x, weight))
     assert "no C compiler (no-such-compiler)" in unavailable_reason()
 
 
 def test_a_cpu_without_vnni_keeps_oneDNN(fresh_kernel, monkeypatch):
     monkeypatch.setattr(int8_kernel, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
     x, weight = activations(3, 70, seed=10), random_int8(20, 70, seed=11)
-    assert torch.equal(integer_product(x, weight), torch_product(x, weight))
+    assert torch.equal(integer_product(x, weight, weight_row_sums(weight)), torch_product(x, weight))
     assert "this CPU lacks avx512_vnni" in unavailable_reason() and "avx512f" in unavailable_reason()
 
 
@@ -148,7 +150,7 @@ def test_a_corrupt_cached_library_is_built_again(fresh_kernel, monkeypatch, tmp_
     library = int8_kernel._built()
     library.write_bytes(b"not a shared library")
     x, weight = activations(2, 64, seed=12), random_int8(16, 64, seed=13)
-    assert torch.equal(kernel_product(x, weight), torch_product(x, weight))
+    assert torch.equal(kernel_product(x, weight, weight_row_sums(weight)), torch_product(x, weight))
     assert unavailable_reason() is None and library.read_bytes()[:4] == b"\x7fELF"
 
 
@@ -164,7 +166,7 @@ def test_a_compiled_graph_calls_the_kernel_for_one_token_and_fuses_torchs_roundi
         operators.append({str(node.target) for node in graph.graph.nodes if node.op == "call_function"})
         return graph.forward
 
-    compiled = torch.compile(lambda x: integer_product(x, weight) * 0.5, backend=recording, dynamic=True, fullgraph=True)
+    compiled = torch.compile(lambda x: integer_product(x, weight, weight_row_sums(weight)) * 0.5, backend=recording, dynamic=True, fullgraph=True)
     for rows in (1, 5):
         x = activations(rows, 96, seed=rows)
         assert torch.equal(compiled(x), torch_product(x, weight) * 0.5)
