@@ -4,22 +4,23 @@ target's matmuls (issue 21).
 One pass is the 121 int8 products of a forward of the int8 demo target with q/k/v and
 gate/up joined (30 layers of 960×576, 576×576, 3072×576 and 576×1536, and the 49152×576
 head), random int8 weights, eagerly, for 1–16 tokens of float activations (the kernel at every
-count, though Int8Linear hands counts past MOST_TOKENS to the torch version). Both round each
-token in two levels and give the same floats (checked) (a forward of n tokens has 2n rows: the
-two rounding levels). The two kernels alternate pass by pass, median of 15; both give the
-same integers (checked). The roofline is the weights' bytes over the read bandwidth of two
-threads summing a 1 GiB array, measured in the same run.
+count, though Int8Linear hands counts past the variant's `most_tokens` to the torch version). Both round each
+token in two levels and give the same floats (checked). The two alternate pass by pass,
+median of 15. The roofline is the weights' bytes over the read bandwidth of two threads summing
+a 1 GiB float32 tensor, measured in the same run.
 
-  .venv/bin/python docs/bench/int8_matvec.py
+  .venv/bin/python docs/bench/int8_matvec.py [--variant AVX2|AVX-VNNI]   (a narrower build than this CPU's own)
 """
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 
 import torch
 
-from engine.runtime.int8_kernel import MOST_TOKENS, kernel_product, torch_product, unavailable_reason, weight_row_sums
+from engine.runtime import int8_kernel
+from engine.runtime.int8_kernel import kernel_product, torch_product, unavailable_reason, variant_name, weight_row_sums
 
 HIDDEN, INTERMEDIATE, QKV, LAYERS, VOCAB = 576, 1536, 960, 30, 49152
 SHAPES = [(QKV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTERMEDIATE, HIDDEN), (HIDDEN, INTERMEDIATE)] * LAYERS + [(VOCAB, HIDDEN)]
@@ -39,7 +40,10 @@ def read_bandwidth_gb_s() -> float:
 
 def main() -> None:
     torch.set_num_threads(2)
-    print(f"kernel: {unavailable_reason() or 'built and used'}; Int8Linear uses it up to {MOST_TOKENS} tokens")
+    if "--variant" in sys.argv:  # as a CPU with only that variant's features would build it
+        chosen = next(variant for variant in int8_kernel.VARIANTS if variant.name == sys.argv[sys.argv.index("--variant") + 1])
+        int8_kernel.cpu_flags = lambda: chosen.needs
+    print(f"kernel: {unavailable_reason() or variant_name()}")
     generator = torch.Generator().manual_seed(0)
     weights = [torch.randint(-127, 128, shape, dtype=torch.int8, generator=generator) for shape in SHAPES]
     row_sums = [weight_row_sums(weight) for weight in weights]  # kept with the weights, as Int8Linear keeps them

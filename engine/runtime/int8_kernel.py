@@ -1,5 +1,6 @@
-"""The int8 layers' product on the CPU for a few tokens: Tandem's own AVX-512 VNNI kernel
-(`int8_matmul.c`), built with the machine's C compiler on first use.
+"""The int8 layers' product on the CPU for a few tokens: Tandem's own kernel, built with the
+machine's C compiler on first use (`int8_matmul.c` with AVX-512 VNNI; `int8_matmul_avx2.c`
+with AVX-VNNI or AVX2 alone, for the CPUs without AVX-512).
 
 Why: one token's forward is a matrix-vector product per layer. oneDNN's `torch._int_mm`
 reads the weights there at about half the bandwidth two cores have (docs/BENCHMARKS.md); this
@@ -10,10 +11,10 @@ about its own launch at one token.
 - It gives the same floats as `torch_product`, its torch version (the same int32 sums, the
   same float32 rounding, operation for operation), so which of the two runs never changes a
   logit, and a token's row stays the same in any batch.
-- Past `MOST_TOKENS` rows (long verifies, prompt chunks) oneDNN's blocked GEMM is faster, and
-  `torch_product` takes over; in a compiled graph the kernel runs one-token forwards only
-  (`integer_product` says why).
-- Where the kernel cannot run (no AVX-512 VNNI, not Linux, no C compiler, a failed build),
+- Past a number of rows that depends on the variant (long verifies, prompt chunks) oneDNN's
+  blocked GEMM is faster, and `torch_product` takes over; in a compiled graph the kernel runs
+  one-token forwards only (`integer_product` says why).
+- Where the kernel cannot run (no AVX2, not Linux, no C compiler, a failed build),
   `torch_product` does the work; `unavailable_reason()` says why.
 - The product is a torch operator, so torch.compile keeps it as one opaque call in the graph.
 - The built library is cached per source and flags under Tandem's cache folder; a build takes
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,22 +38,47 @@ import torch
 from .. import paths
 from .cpu import cpu_flags
 
-SOURCE = Path(__file__).with_name("int8_matmul.c")
-NEEDED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "bmi2"})
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One build of the kernel: a source, the CPU features it needs, the flags that use them."""
+
+    name: str
+    source: Path
+    needs: frozenset[str]
+    flags: tuple[str, ...]
+    # The most rows (tokens) it takes in an eager forward: past them the torch version is
+    # faster (docs/bench/int8_matvec.py; measured against this development CPU's AVX-512
+    # oneDNN, stronger than what a CPU of the variant's own kind has, so on the safe side).
+    most_tokens: int
+    # Whether a compiled one-token graph calls it (`integer_product`): measured for AVX-512
+    # VNNI only (docs/BENCHMARKS.md); the others are not measured on a CPU of their kind.
+    in_compiled_graphs: bool
+
+
 # -fopenmp links libgomp.so.1, the OpenMP runtime torch's wheel loads under that name, so the
 # kernel's threads are torch's own (clang's -fopenmp would bring a second runtime: use gcc).
-COMPILER_FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mbmi2", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
+# -ffp-contract=off: a fused multiply-add would round differently from torch.
+_COMMON_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
+_HERE = Path(__file__).parent
+# The first variant this CPU has every feature of is built.
+VARIANTS = (
+    Variant("AVX-512 VNNI", _HERE / "int8_matmul.c", frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "bmi2"}),
+            ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mbmi2"), most_tokens=16, in_compiled_graphs=True),
+    Variant("AVX-VNNI", _HERE / "int8_matmul_avx2.c", frozenset({"avx2", "avx_vnni"}), ("-mavx2", "-mavxvnni"),
+            most_tokens=8, in_compiled_graphs=False),
+    Variant("AVX2", _HERE / "int8_matmul_avx2.c", frozenset({"avx2"}), ("-mavx2",), most_tokens=4, in_compiled_graphs=False),
+)
 BUILD_TIMEOUT_S = 120
 # Whether a compiled one-token forward calls the kernel. Read while tracing, so dynamo keeps a
 # graph per value: docs/bench/int8_kernel_step.py compiles both and times them call by call.
 KERNEL_IN_ONE_TOKEN_GRAPHS = True
-# The most rows (tokens) the kernel takes outside a compiled graph: past them oneDNN's
-# blocked GEMM is faster (docs/bench/int8_matvec.py).
-MOST_TOKENS = 6
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
 _reason: str | None = None  # why the kernel is not used; None until the first attempt
+_variant: Variant | None = None  # the variant loaded
 _tried = False
 
 
@@ -66,15 +93,16 @@ def integer_product(x: torch.Tensor, weight: torch.Tensor, row_sums: torch.Tenso
     and each row is rounded on its own, so a row's product never depends on the rows batched
     with it: a verify of k tokens gives each token the logits a one-token step gives it.
 
-    Which runs it: the kernel for up to MOST_TOKENS rows. Inside a compiled graph only for one
-    row: there inductor fuses torch_product's rounding into the kernels around it, and for a
-    verify of several tokens that costs less than the kernel's own rounding (docs/BENCHMARKS.md).
-    The row count is a constant of the one-token graph, so the choice adds no graph."""
+    Which runs it: the kernel for up to its variant's `most_tokens` rows. Inside a compiled
+    graph only for one row: there inductor fuses torch_product's rounding into the kernels
+    around it, and with `_int_mm` that was no slower than the kernel for a verify of several
+    tokens (docs/BENCHMARKS.md). The row count is a constant of the one-token graph, so the
+    choice adds no graph."""
     x = x.float()
     if torch.compiler.is_compiling():  # torch_static loads the kernel before it compiles
-        use_kernel = x.shape[0] == 1 and KERNEL_IN_ONE_TOKEN_GRAPHS and _library is not None
+        use_kernel = x.shape[0] == 1 and KERNEL_IN_ONE_TOKEN_GRAPHS and _library is not None and _variant.in_compiled_graphs
     else:
-        use_kernel = x.shape[0] <= MOST_TOKENS and _loaded() is not None
+        use_kernel = _loaded() is not None and x.shape[0] <= _variant.most_tokens
     return torch.ops.tandem.int8_product.default(x, weight, row_sums) if use_kernel else torch_product(x, weight)
 
 
@@ -153,6 +181,11 @@ def _(x: torch.Tensor, weight: torch.Tensor, row_sums: torch.Tensor) -> torch.Te
     return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
 
 
+def variant_name() -> str | None:
+    """Which build of the kernel runs here ("AVX-512 VNNI", "AVX-VNNI", "AVX2"), or None."""
+    return _variant.name if _loaded() is not None else None
+
+
 def unavailable_reason() -> str | None:
     """None where the kernel runs on this machine; otherwise why `_int_mm` runs instead."""
     _loaded()
@@ -160,13 +193,14 @@ def unavailable_reason() -> str | None:
 
 
 def _loaded() -> ctypes.CDLL | None:
-    global _library, _reason, _tried
+    global _library, _reason, _tried, _variant
     if _tried:
         return _library
     with _lock:
         if not _tried:
             try:
                 _library = _load(_built())
+                _variant = variant_for(cpu_flags())
             except KernelUnavailable as reason:
                 _reason = str(reason)
             except (OSError, subprocess.SubprocessError, AttributeError) as error:  # a read-only cache, a hung compiler, …
@@ -180,20 +214,19 @@ class KernelUnavailable(Exception):
 
 
 def _built() -> Path:
-    """The shared library for this source and these flags, compiled if the cache lacks it."""
+    """The shared library of this CPU's variant, compiled if the cache lacks it."""
     if not sys.platform.startswith("linux"):
         raise KernelUnavailable("the int8 kernel is built for Linux only")
-    missing = NEEDED_FLAGS - cpu_flags()
-    if missing:
-        raise KernelUnavailable(f"this CPU lacks {', '.join(sorted(missing))}")
+    variant = variant_for(cpu_flags())
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         raise KernelUnavailable(f"no C compiler ({os.environ.get('CC', 'cc')}) to build the int8 kernel")
     try:
-        source = SOURCE.read_bytes()
+        source = variant.source.read_bytes()
     except OSError as error:
         raise KernelUnavailable(f"the int8 kernel's source is missing: {error}") from error
-    key = hashlib.sha256(source + " ".join(COMPILER_FLAGS).encode()).hexdigest()[:16]
+    flags = [*_COMMON_FLAGS, *variant.flags]
+    key = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
     folder = paths.cache_dir() / "kernels"
     folder.mkdir(parents=True, exist_ok=True)
     library = folder / f"int8_matmul-{key}.so"
@@ -204,13 +237,21 @@ def _built() -> Path:
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
         partial = Path(scratch) / library.name
         result = subprocess.run(
-            [compiler, *COMPILER_FLAGS, "-o", str(partial), str(SOURCE), "-lm"],
+            [compiler, *flags, "-o", str(partial), str(variant.source), "-lm"],
             capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, env=_compiler_environment(),
         )
         if result.returncode != 0:
-            raise KernelUnavailable(f"building the int8 kernel failed: {result.stderr.strip()[-300:]}")
+            raise KernelUnavailable(f"building the int8 kernel ({variant.name}) failed: {result.stderr.strip()[-300:]}")
         os.replace(partial, library)
     return library
+
+
+def variant_for(flags: frozenset[str]) -> Variant:
+    """The build for a CPU with these feature flags (KernelUnavailable where none fits)."""
+    for variant in VARIANTS:
+        if variant.needs <= flags:
+            return variant
+    raise KernelUnavailable("this CPU has neither AVX-512 VNNI nor AVX2")
 
 
 def _compiler_environment() -> dict[str, str]:

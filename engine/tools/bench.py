@@ -23,7 +23,7 @@ from .. import methods
 from ..config import DEMO_TARGET, ConfigError, DecodeSettings
 from ..events import Finished
 from .quality import rouge_l_f1, target_nll
-from ..runtime import llamacpp_library
+from ..runtime import int8_kernel, llamacpp_library
 from ..runtime.cpu import cpu_flags, cpu_name
 from ..runtime.device import device_name
 from ..runtime.peers import AssistedGeneration, LlamaCppGeneration
@@ -308,6 +308,8 @@ def machine_description(pair: LoadedPair) -> dict:
     }
     if device_name(device):
         description["gpu"] = device_name(device)
+    elif pair.target.model is not None:  # a torch target on the CPU: which int8 products it runs
+        description["int8_kernel"] = int8_kernel.variant_name() or f"none, oneDNN's _int_mm ({int8_kernel.unavailable_reason()})"
     return description
 
 
