@@ -12,8 +12,9 @@
  *   A tree of unpacks and shuffles then turns the 16 accumulators into one vector whose lane r
  *   is row r's sum, so each 16 outputs cost ~30 instructions, not 16 horizontal sums.
  * - A block's 16 rows are read from memory once, by the first activation row; the other
- *   rows find them in L1/L2. For one token (two levels) the product runs at the memory's
- *   speed; with more tokens it is bound by VPDPBUSD's throughput.
+ *   rows find them in L1/L2. For one token (two levels) the product reads the weights at
+ *   about two thirds of the memory's speed (the rest is rounding and the per-call work); with
+ *   more tokens it is bound by VPDPBUSD's throughput (docs/BENCHMARKS.md).
  * - Rounding inside the call, not in torch before it, saves the compiled graph its rounding
  *   kernels: at a few rows each costs about what its launch does.
  * - Built with -ffp-contract=off: a fused multiply-add would round differently from torch.
