@@ -69,6 +69,8 @@ VARIANTS = (
             most_tokens=8, in_compiled_graphs=False),
     Variant("AVX2", _HERE / "int8_matmul_avx2.c", frozenset({"avx2"}), ("-mavx2",), most_tokens=4, in_compiled_graphs=False),
 )
+# Built into the same library: a whole decoder forward over the kernel (native_forward.py).
+DECODER_SOURCE = _HERE / "decoder_forward.c"
 BUILD_TIMEOUT_S = 120
 # Whether a compiled one-token forward calls the kernel. Read while tracing, so dynamo keeps a
 # graph per value: docs/bench/int8_kernel_step.py compiles both and times them call by call.
@@ -221,7 +223,7 @@ def _built() -> Path:
     if compiler is None:
         raise KernelUnavailable(f"no C compiler ({os.environ.get('CC', 'cc')}) to build the int8 kernel")
     try:
-        source = variant.source.read_bytes()
+        source = variant.source.read_bytes() + DECODER_SOURCE.read_bytes()
     except OSError as error:
         raise KernelUnavailable(f"the int8 kernel's source is missing: {error}") from error
     flags = [*_COMMON_FLAGS, *variant.flags]
@@ -236,7 +238,7 @@ def _built() -> Path:
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
         partial = Path(scratch) / library.name
         result = subprocess.run(
-            [compiler, *flags, "-o", str(partial), str(variant.source), "-lm"],
+            [compiler, *flags, "-o", str(partial), str(variant.source), str(DECODER_SOURCE), "-lm"],
             capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, env=_compiler_environment(),
         )
         if result.returncode != 0:
@@ -281,4 +283,21 @@ def _load(library: Path) -> ctypes.CDLL:
         ctypes.c_void_p, ctypes.c_int,
     ]
     function.restype = ctypes.c_int
+    forward = loaded.tandem_decoder_forward
+    forward.argtypes = [
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+        ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+        ctypes.c_void_p, ctypes.c_int,
+    ]
+    forward.restype = ctypes.c_int
     return loaded
+
+
+def loaded_library() -> ctypes.CDLL | None:
+    """The built library (the product and the decoder forward), or None where it cannot run."""
+    return _loaded()
+
+
+def most_tokens() -> int:
+    """The most rows the kernel takes before torch's product is faster (0 where it cannot run)."""
+    return _variant.most_tokens if _loaded() is not None else 0

@@ -19,6 +19,8 @@ from .base import ModelRuntime
 from .compiled_forward import compile_allowed
 from .int8_weights import quantise_weight_only
 from .model_reading import READ_ERRORS, without_progress_bars
+from .native_forward import NATIVE_NAME
+from .native_forward import refusal as native_refusal
 from .static_families import static_refusal
 from .torch_eager import TorchRuntime
 from .torch_static import StaticTorchRuntime, runs_static
@@ -108,13 +110,24 @@ def captures_graphs(model: PreTrainedModel, device: torch.device) -> bool:
 
 def compiles_on_cpu(model: PreTrainedModel, device: torch.device, compile: bool) -> bool:
     """On the CPU, a model the static runtime can run is compiled in the background when the
-    pair allows it (compiled_forward.py); TANDEM_COMPILE=0 keeps the eager runtime."""
-    return device.type == "cpu" and compile_allowed(compile) and runs_static(model)
+    pair allows it (compiled_forward.py); TANDEM_COMPILE=0 keeps the eager runtime. Not one
+    that runs natively: its steps and verifies are faster in C than compiled, and its prompt
+    chunks read as fast eagerly as the native forward reads them (docs/BENCHMARKS.md), so
+    the compile's minutes of both cores would buy nothing."""
+    return device.type == "cpu" and compile_allowed(compile) and runs_static(model) and not runs_natively(model, device)
+
+
+def runs_natively(model: PreTrainedModel, device: torch.device) -> bool:
+    """On the CPU, int8 Llama-layout models run their steps and verifies in one C call over
+    the static cache (native_forward.py), compiled or not."""
+    return device.type == "cpu" and native_refusal(model, device) is None
 
 
 def torch_runtime_name(model: PreTrainedModel, device: torch.device, compile: bool = False) -> str:
     """What the user is shown: where graphs or a compile were wanted but the model cannot
     have them, why."""
+    if runs_natively(model, device):
+        return NATIVE_NAME
     if device.type == "cpu" and compile_allowed(compile):
         refusal = static_refusal(model)
         return "torch (static cache)" if refusal is None else f"torch (not compiled: {refusal})"
@@ -131,7 +144,7 @@ def torch_runtime_factory(
     it can run (graph-captured on CUDA, compiled in the background on the CPU when `compile`),
     the eager one elsewhere."""
     compiling = compiles_on_cpu(model, device, compile)
-    static = compiling or captures_graphs(model, device)
+    static = compiling or captures_graphs(model, device) or runs_natively(model, device)
 
     def open_runtime(hidden_states: bool, feature_layers: tuple[int, ...] = ()) -> ModelRuntime:
         if static:

@@ -36,6 +36,7 @@ from .base import ModelRuntime
 from .compiled_forward import BackgroundCompile, shared_compile
 from . import int8_kernel
 from .int8_weights import Int8Linear, join_rows
+from .native_forward import NATIVE_NAME, NativeForward, native_forward
 from .static_families import recipe_for, rotary_function, static_refusal
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -257,6 +258,11 @@ class StaticTorchRuntime(ModelRuntime):
         rows = SCRATCH_ROWS + capacity
         self.windows = _windows(rows)
         self.forward_pass: StaticCacheForward | None = StaticCacheForward(model, rows, device, self.feature_layers)  # None once closed
+        # On the CPU, steps and verifies of int8 Llama-layout models run in one C call
+        # (native_forward.py); longer forwards (prompt chunks) and every other model run in torch.
+        self.native: NativeForward | None = None if self.graphs_enabled else native_forward(self.forward_pass)
+        if self.native is not None:
+            self.name = NATIVE_NAME
         widest = BUCKETS[-1]
         with torch.inference_mode():
             # One set of input buffers; a graph reads the first rows (and columns) it needs.
@@ -356,6 +362,9 @@ class StaticTorchRuntime(ModelRuntime):
         `wanted_from` on, their hidden states when the runtime returns them, and every row's
         features when it records them (else None)."""
         count, slots = visible.shape
+        if self.native is not None and count <= self.native.most_tokens:
+            rows = list(range(SCRATCH_ROWS + first_slot, SCRATCH_ROWS + first_slot + count))
+            return self.native(ids, positions, rows, visible, SCRATCH_ROWS, wanted_from, self.returns_hidden)
         bucket = next(size for size in BUCKETS if size >= count)
         window = next(width for width in self.windows if width >= SCRATCH_ROWS + slots)
         padding = bucket - count
@@ -515,6 +524,7 @@ class StaticTorchRuntime(ModelRuntime):
         self._free_graphs()
         self.graphs_enabled = False
         self.forward_pass = None
+        self.native = None
         self._hidden = None
 
 

@@ -1,0 +1,173 @@
+"""The static runtime's forward of a few tokens in one C call, for int8 Llama-layout models on
+the CPU (`decoder_forward.c`, built with the int8 kernel).
+
+Why: a compiled one-token forward of the int8 demo target took ~15.5 ms on the 2-core
+development CPU, of which the 121 weight products were ~7.6 ms; the rest was the machinery
+between them (dynamo's guards, inductor's wrapper and small kernels, attention's dispatch).
+In C that machinery is gone, and no compile is needed for it: the forward runs at full speed
+from the first token (docs/BENCHMARKS.md, "A native forward").
+
+What it runs: the forward `torch_static.StaticCacheForward` runs, over the same KV cache
+tensors, so the two can take turns within a conversation (this one for steps and verifies,
+the torch one for prompt chunks past the kernel's row count). Its products are the very
+floats of the torch forward's; the norms, rotary embedding and attention are summed in
+another order, so logits agree to float32 rounding (tests: against the eager forward, chains,
+trees and features).
+
+Which models: Llama, Mistral and Qwen2 layouts (plain RMSNorm, SiLU MLP, full rotary heads,
+no sliding windows in use) whose every projection is an int8 layer (`int8_weights`), in
+float32 on the CPU, where the int8 kernel was built. `refusal` names what stops any other.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from . import int8_kernel
+from .int8_weights import Int8Embedding, Int8Linear
+from .static_families import recipe_for, static_refusal
+
+NATIVE_NAME = "torch (native int8 forward)"  # the runtime's name where it runs
+NATIVE_RECIPES = {"Llama", "Mistral", "Qwen2"}
+NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"}
+
+
+class _Int8(ctypes.Structure):
+    _fields_ = [("weight", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("row_sums", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p), ("rows", ctypes.c_int64), ("width", ctypes.c_int64)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("input_norm", ctypes.c_void_p), ("post_attention_norm", ctypes.c_void_p), ("qkv", _Int8),
+                ("output", _Int8), ("gate_up", _Int8), ("down", _Int8), ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p)]
+
+
+class _Decoder(ctypes.Structure):
+    _fields_ = [
+        ("layers", ctypes.c_int64), ("hidden", ctypes.c_int64), ("heads", ctypes.c_int64), ("kv_heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64), ("intermediate", ctypes.c_int64), ("vocab", ctypes.c_int64), ("cache_rows", ctypes.c_int64),
+        ("eps", ctypes.c_float), ("attention_scale", ctypes.c_float),
+        ("embedding", ctypes.c_void_p), ("embedding_scale", ctypes.c_void_p), ("final_norm", ctypes.c_void_p),
+        ("lm_head", _Int8), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p), ("table_positions", ctypes.c_int64),
+        ("layer", ctypes.POINTER(_Layer)),
+    ]
+
+
+def refusal(model: torch.nn.Module, device: torch.device) -> str | None:
+    """Why `model` on `device` cannot run natively; None when it can."""
+    reason = static_refusal(model)
+    if reason is not None:
+        return reason
+    recipe, config = recipe_for(model), model.config
+    if recipe.name not in NATIVE_RECIPES or any(recipe.layer_windows(config)):
+        return f"the native forward runs {', '.join(sorted(NATIVE_RECIPES))} layouts without sliding windows"
+    if device.type != "cpu" or model.dtype != torch.float32:
+        return "the native forward runs float32 on the CPU"
+    if getattr(config, "hidden_act", None) != "silu":
+        return f"the native forward runs SiLU MLPs, not {getattr(config, 'hidden_act', None)!r}"
+    decoder = model.model
+    int8 = "the native forward runs int8 models (int8-wo)"
+    if not isinstance(decoder.embed_tokens, Int8Embedding) or decoder.embed_tokens.embed_scale is not None:
+        return int8
+    if not isinstance(model.lm_head, Int8Linear):
+        return int8
+    for layer in decoder.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        parts = (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        if not all(isinstance(part, Int8Linear) for part in parts):
+            return int8
+        if any(part.bias is not None for part in parts[3:]):
+            return "the native forward runs no biases past the attention's inputs"
+        if any(type(norm).__name__ not in NORMS for norm in (layer.input_layernorm, layer.post_attention_layernorm)):
+            return "the native forward runs Llama's RMSNorm"
+    if type(decoder.norm).__name__ not in NORMS:
+        return "the native forward runs Llama's RMSNorm"
+    # Last: it builds the kernel on a first run, which the checks above spare other models.
+    return int8_kernel.unavailable_reason()
+
+
+def native_forward(forward) -> NativeForward | None:
+    """The native forward over `forward`'s model and cache (a torch_static.StaticCacheForward),
+    or None where `refusal` says why not."""
+    return NativeForward(forward) if refusal(forward.model, forward.cache[0][0].device) is None else None
+
+
+def _int8(layer: Int8Linear, keep: list) -> _Int8:
+    tensors = [layer.weight.contiguous(), layer.scale.contiguous(), layer.row_sums.contiguous()]
+    bias = None if layer.bias is None else layer.bias.detach().float().contiguous()
+    keep.extend(tensors + [bias])
+    weight, scale, row_sums = tensors
+    return _Int8(weight.data_ptr(), scale.data_ptr(), row_sums.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                 weight.shape[0], weight.shape[1])
+
+
+class NativeForward:
+    """Runs `forward`'s model over `forward`'s cache in C for up to `most_tokens` tokens."""
+
+    def __init__(self, forward):
+        model, config = forward.model, forward.model.config
+        decoder = model.model
+        attention = decoder.layers[0].self_attn
+        self.library = int8_kernel.loaded_library()
+        self.most_tokens = int8_kernel.most_tokens()
+        self.feature_layers = forward.feature_layers
+        self.hidden = config.hidden_size
+        self.vocab = model.lm_head.weight.shape[0]
+        keep: list = []  # every tensor whose address the C structs hold
+        rows = forward.rows
+        with torch.inference_mode():
+            # The rotary embedding of every position, from the model's own module (its scaling included).
+            probe = torch.zeros(1, 1, config.hidden_size)
+            cos, sin = decoder.rotary_emb(probe, torch.arange(rows)[None])
+            cos, sin = cos[0].float().contiguous(), sin[0].float().contiguous()
+        keep += [cos, sin]
+        layers = (_Layer * len(decoder.layers))()
+        for index, (layer, joined, (keys, values)) in enumerate(zip(decoder.layers, forward.joined, forward.cache)):
+            norms = [layer.input_layernorm.weight.detach().float().contiguous(),
+                     layer.post_attention_layernorm.weight.detach().float().contiguous()]
+            keep += norms
+            layers[index] = _Layer(norms[0].data_ptr(), norms[1].data_ptr(), _int8(joined.qkv, keep),
+                                   _int8(layer.self_attn.o_proj, keep), _int8(joined.gate_up, keep),
+                                   _int8(layer.mlp.down_proj, keep), keys.data_ptr(), values.data_ptr())
+        embeddings = decoder.embed_tokens
+        final_norm = decoder.norm.weight.detach().float().contiguous()
+        keep += [embeddings.weight, embeddings.scale, final_norm, layers]
+        self._decoder = _Decoder(
+            len(decoder.layers), config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+            attention.head_dim, config.intermediate_size, self.vocab, rows,
+            float(decoder.norm.variance_epsilon), float(attention.scaling),
+            embeddings.weight.data_ptr(), embeddings.scale.data_ptr(), final_norm.data_ptr(),
+            _int8(model.lm_head, keep), cos.data_ptr(), sin.data_ptr(), rows, layers,
+        )
+        self._keep = keep
+        self._features = (ctypes.c_int64 * max(len(self.feature_layers), 1))(*self.feature_layers)
+
+    def __call__(
+        self, ids: list[int], positions: list[int], rows: list[int], visible: torch.Tensor, first_row: int,
+        wanted_from: int, want_hidden: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Tokens `ids` at `positions` write cache `rows`; token i sees cache row first_row + s
+        where visible[i, s]. Returns the float32 logits of the tokens from `wanted_from` on,
+        their final-norm hidden states when wanted, and every token's features when the
+        forward records them (else None)."""
+        count = len(ids)
+        visible = visible.to(torch.bool).contiguous()
+        ids_buffer = (ctypes.c_int64 * count)(*ids)
+        positions_buffer = (ctypes.c_int64 * count)(*positions)
+        rows_buffer = (ctypes.c_int64 * count)(*rows)
+        wanted = count - wanted_from
+        logits = torch.empty(wanted, self.vocab)
+        hidden = torch.empty(wanted, self.hidden) if want_hidden else None
+        features = torch.empty(count, len(self.feature_layers) * self.hidden) if self.feature_layers else None
+        status = self.library.tandem_decoder_forward(
+            ctypes.byref(self._decoder), count, ids_buffer, positions_buffer, rows_buffer, visible.data_ptr(),
+            visible.shape[1], first_row, visible.shape[1], wanted_from, logits.data_ptr(),
+            None if hidden is None else hidden.data_ptr(), self._features, len(self.feature_layers),
+            None if features is None else features.data_ptr(), torch.get_num_threads(),
+        )
+        if status == -1:
+            raise MemoryError("out of memory for the native forward's activations")
+        if status != 0:
+            raise ValueError("the native forward was given tokens, positions or cache rows outside the model's")
+        return logits, hidden, features

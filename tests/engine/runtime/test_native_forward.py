@@ -1,0 +1,158 @@
+"""The native forward (decoder_forward.c) against the static runtime's torch forward over the
+same int8 model: chains, trees, kept paths, chunked prompts, features and hidden states, and
+what it refuses.
+
+Its products are the torch forward's floats, but its norms and attention sum in another order,
+so its logits agree to float32 rounding, not to the bit: within RELATIVE of the largest logit.
+A wrong rotation, mask or cache row is off by whole units.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from engine.runtime import int8_kernel
+from engine.runtime.int8_weights import quantise_weight_only
+from engine.runtime.native_forward import NATIVE_NAME, refusal
+from engine.runtime.torch_load import torch_runtime_factory, torch_runtime_name
+from engine.runtime.torch_static import StaticTorchRuntime
+from engine.tree import forward_tree, keep_path
+
+from .test_torch_static import random_tree
+
+pytestmark = pytest.mark.skipif(int8_kernel.unavailable_reason() is not None, reason="the int8 kernel cannot be built here")
+
+VOCAB = 64
+RELATIVE = 2e-4
+SHAPE = {
+    "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 512, "tie_word_embeddings": False, "initializer_range": 0.1,
+}
+MODELS = {
+    "llama": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE)),
+    # Llama 3's scaled rotary frequencies: the native forward reads them from the model's own module
+    "llama3-rope": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE, rope_parameters={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64, "rope_theta": 500_000.0,
+    })),
+    "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE)),  # biases on q, k and v
+}
+
+
+def int8_model(kind: str, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = MODELS[kind]().eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.normal_(1.0, 0.3)  # random norms: a forgotten one would show
+            elif name.endswith("bias"):
+                parameter.normal_(0.0, 0.3)
+        model.lm_head.weight.mul_(10.0)  # sharp logits, far from uniform
+    return quantise_weight_only(model)
+
+
+def pair_of_runtimes(model, **options) -> tuple[StaticTorchRuntime, StaticTorchRuntime]:
+    """(native, torch): the same static runtime with and without the native forward."""
+    native = StaticTorchRuntime(model, torch.device("cpu"), 300, **options)
+    torch_only = StaticTorchRuntime(model, torch.device("cpu"), 300, **options)
+    torch_only.native = None
+    assert native.native is not None and native.name == NATIVE_NAME
+    return native, torch_only
+
+
+def assert_close(native: torch.Tensor, reference: torch.Tensor) -> None:
+    assert native.shape == reference.shape
+    assert (native - reference).abs().max() <= RELATIVE * reference.abs().max()
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+@pytest.mark.parametrize("seed", range(2))
+def test_native_forward_gives_the_torch_logits_through_chains_trees_and_kept_paths(kind, seed):
+    rng = random.Random(seed)
+    runtimes = pair_of_runtimes(int8_model(kind, seed))
+    context = [rng.randrange(VOCAB) for _ in range(rng.randrange(3, 12))]
+    logits = [runtime.forward(context, logits_wanted=3) for runtime in runtimes]
+    assert_close(*logits)
+    for _ in range(6):
+        tree = random_tree(rng, context[-1], rng.randrange(1, 12))
+        logits = [forward_tree(runtime, context, tree) for runtime in runtimes]
+        assert_close(*logits)
+        path = tree.path(rng.randrange(len(tree)))
+        for runtime in runtimes:
+            keep_path(runtime, len(context), path)
+        context = context + [tree.tokens[node] for node in path]
+        following = [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 4))]
+        assert_close(*[runtime.forward(following, logits_wanted=len(following)) for runtime in runtimes])
+        context += following
+        cut = rng.randrange(1, len(context))
+        for runtime in runtimes:
+            runtime.crop(cut)
+        context = context[:cut]
+        assert runtimes[0].cached_ids == runtimes[1].cached_ids == context
+
+
+def test_a_prompt_past_the_kernels_rows_is_read_by_torch_and_continued_natively():
+    model = int8_model("llama", 3)
+    native, torch_only = pair_of_runtimes(model)
+    prompt = [random.Random(3).randrange(VOCAB) for _ in range(int8_kernel.most_tokens() * 3 + 5)]
+    assert_close(native.forward(prompt, logits_wanted=2), torch_only.forward(prompt, logits_wanted=2))
+    for token in (5, 17, 40):  # steps: native over the keys torch wrote
+        assert_close(native.forward([token]), torch_only.forward([token]))
+
+
+def test_native_features_and_hidden_states_are_the_torch_ones():
+    model = int8_model("qwen2", 4)
+    native, torch_only = pair_of_runtimes(model, hidden_states=True, feature_layers=(2, 0, 1))
+    ids = [3, 9, 27, 41, 8, 8, 50]
+    for runtime in (native, torch_only):
+        runtime.forward(ids, logits_wanted=4)
+    assert_close(native.last_hidden_states(), torch_only.last_hidden_states())
+    assert native.last_hidden_states().shape == (4, SHAPE["hidden_size"])
+    features = [runtime.features for runtime in (native, torch_only)]
+    assert features[0].shape == (len(ids), 3 * SHAPE["hidden_size"])
+    assert_close(*features)
+
+
+def test_a_token_outside_the_vocabulary_is_refused_and_the_cache_kept():
+    native, torch_only = pair_of_runtimes(int8_model("llama", 5))
+    for runtime in (native, torch_only):
+        runtime.forward([1, 2, 3])
+    with pytest.raises(ValueError):
+        native.native([VOCAB + 3], [3], [64 + 3], torch.ones(1, 4, dtype=torch.bool), 64, 0, False)
+    assert_close(native.forward([4]), torch_only.forward([4]))
+
+
+def test_what_does_not_run_natively_says_why():
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    float_model = LlamaForCausalLM(LlamaConfig(**SHAPE)).eval()
+    assert "int8" in refusal(float_model, cpu)
+    with_mlp_bias = quantise_weight_only(LlamaForCausalLM(LlamaConfig(**SHAPE, mlp_bias=True)).eval())
+    assert "biases" in refusal(with_mlp_bias, cpu)
+    bf16 = quantise_weight_only(LlamaForCausalLM(LlamaConfig(**SHAPE)).eval().to(torch.bfloat16))
+    assert "float32" in refusal(bf16, cpu)
+    assert refusal(int8_model("llama", 0), cpu) is None
+
+
+def test_a_native_model_is_not_compiled_and_is_named_so():
+    model = int8_model("llama", 6)
+    cpu = torch.device("cpu")
+    assert torch_runtime_name(model, cpu, compile=True) == NATIVE_NAME
+    runtime = torch_runtime_factory(model, cpu, 200, compile=True)(False)
+    assert isinstance(runtime, StaticTorchRuntime) and runtime.native is not None and runtime.compiler is None
+    # and without a compile allowed, still static and native (the eager runtime is slower)
+    runtime = torch_runtime_factory(model, cpu, 200, compile=False)(False)
+    assert isinstance(runtime, StaticTorchRuntime) and runtime.native is not None
+
+
+def test_without_the_kernel_the_static_forward_runs_in_torch(monkeypatch):
+    model = int8_model("llama", 7)
+    monkeypatch.setattr(int8_kernel, "unavailable_reason", lambda: "no C compiler (cc) to build the int8 kernel")
+    assert "no C compiler" in refusal(model, torch.device("cpu"))
+    runtime = StaticTorchRuntime(model, torch.device("cpu"), 100)
+    assert runtime.native is None and runtime.name != NATIVE_NAME
+    assert runtime.forward([1, 2, 3]).shape == (1, VOCAB)
