@@ -24,7 +24,7 @@ from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
 from transformers import AutoTokenizer
 
-from .config import CPU_DEFAULT_PRECISION, LLAMACPP_TARGET_PRECISION, CUDA_DEFAULT_PRECISION, DEMO_TARGET, DRAFT_DEFAULT_PRECISION, ModelSpec
+from .config import CPU_DEFAULT_PRECISION, LLAMACPP_TARGET_PRECISION, CUDA_DEFAULT_PRECISION, DEMO_TARGET, DRAFT_CPU_DEFAULT_PRECISION, DRAFT_DEFAULT_PRECISION, ModelSpec
 from .demo_model import demo_gguf_path
 from .errors import ModelLoadError
 from .model_files import check_model_files
@@ -310,7 +310,7 @@ def resolve_precision(precision: str, device: torch.device, as_draft: bool = Fal
     if precision != "auto":
         return precision
     if as_draft:
-        return DRAFT_DEFAULT_PRECISION
+        return DRAFT_CPU_DEFAULT_PRECISION if device.type == "cpu" else DRAFT_DEFAULT_PRECISION
     return CUDA_DEFAULT_PRECISION if device.type == "cuda" else CPU_DEFAULT_PRECISION
 
 
