@@ -1,8 +1,9 @@
 """Which runtime and precision run a pair whose settings say "auto", as measured here.
 
 Without a measurement, "auto" is llama.cpp wherever the target has a GGUF file, at the
-runtime's own 8-bit default. That is right for plain decoding on a CPU, but speculation pays
-only where a verify of many tokens costs about one step, and which runtime that is depends on
+runtime's own 8-bit default, except for the bundled demo target on a CPU where torch's
+native int8 forward was measured faster (`unmeasured_prefers_torch`). But what is fastest
+depends on the machine and the method: speculation pays only where a verify of many tokens costs about one step, and which runtime that is depends on
 the machine: on a GPU, the CUDA-graph torch runtime verifies 64 tokens for 1.3x a step while
 llama.cpp on the CPU pays 2.6x for 8. `tandem tune` (an offline tool) measures each runtime's
 costs for the pair on this machine, predicts each one's fastest method from them, measures
@@ -26,11 +27,12 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from .config import ModelSpec, PairConfig
+from .config import DEMO_TARGET, ModelSpec, PairConfig
 from .models import runtime_gguf
 from .paths import cache_dir
 from .runtime.compiled_forward import compile_allowed
 from .runtime.cpu import chosen_threads, cpu_name
+from .runtime.native_forward import measured_here
 from .runtime.device import device_name, resolve_device
 
 FOLDER = "runtime-choice"
@@ -87,10 +89,23 @@ def placement(config: PairConfig, choice: RuntimeChoice | None) -> Placement:
     """`config`'s models as its own settings place them, or with the target on `choice`'s
     runtime and precision and the draft following it where the draft can run there."""
     if choice is None:
+        if unmeasured_prefers_torch(config):
+            return Placement(config.target, "torch", "torch")
         return Placement(config.target, config.runtime, config.runtime)
     draft_follows = config.draft is None or choice.runtime == "torch" or runtime_gguf(config.draft, "auto") is not None
     return Placement(replace(config.target, precision=choice.precision), choice.runtime,
                      choice.runtime if draft_follows else config.runtime)
+
+
+def unmeasured_prefers_torch(config: PairConfig) -> bool:
+    """Whether "auto" loads the pair on torch before `tandem tune` measured it here: the bundled
+    demo target on a CPU where torch runs it with the native int8 forward's measured build
+    (native_forward.py; 1.77x llama.cpp's plain decoding on the development CPU,
+    docs/BENCHMARKS.md). Not any other GGUF target: its torch copy is converted through
+    float32 weights (28 GB for a 7B model), which llama.cpp never needs."""
+    if not applies_to(config) or config.target.source != DEMO_TARGET or resolve_device(config.target.device).type != "cpu":
+        return False
+    return measured_here()  # builds the int8 kernel on a first run (~1 s)
 
 
 def load_choice(config: PairConfig) -> RuntimeChoice | None:

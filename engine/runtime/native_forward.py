@@ -29,6 +29,8 @@ from .int8_weights import Int8Embedding, Int8Linear
 from .static_families import recipe_for, static_refusal
 
 NATIVE_NAME = "torch (native int8 forward)"  # the runtime's name where it runs
+# The kernel builds the native forward was measured faster with than llama.cpp (docs/BENCHMARKS.md).
+MEASURED_VARIANTS = {"AVX-512 VNNI"}
 NATIVE_RECIPES = {"Llama", "Mistral", "Qwen2"}
 NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"}
 
@@ -85,6 +87,11 @@ def refusal(model: torch.nn.Module, device: torch.device) -> str | None:
         return "the native forward runs Llama's RMSNorm"
     # Last: it builds the kernel on a first run, which the checks above spare other models.
     return int8_kernel.unavailable_reason()
+
+
+def measured_here() -> bool:
+    """Whether this CPU runs a kernel build the native forward was measured with."""
+    return int8_kernel.variant_name() in MEASURED_VARIANTS
 
 
 def native_forward(forward) -> NativeForward | None:

@@ -119,7 +119,7 @@ def two_runtime_pair(tmp_path) -> PairConfig:
 def test_tune_measures_each_runtime_saves_the_fastest_and_auto_then_loads_it(two_runtime_pair):
     config = two_runtime_pair
     plain = load_pair(config)
-    assert (plain.target.runtime, plain.draft.runtime) == ("llama.cpp", "torch")  # the unmeasured default
+    assert (plain.target.runtime, plain.draft.runtime.split(" ")[0]) == ("llama.cpp", "torch")  # the unmeasured default
     assert plain.runtime_choice is None
     plain.close()
     candidates = [Candidate("llama.cpp", "auto"), Candidate("torch", "fp32"), Candidate("torch", "bf16")]
@@ -203,3 +203,20 @@ def test_a_pair_whose_draft_fails_to_load_does_not_keep_its_target(two_runtime_p
     with pytest.raises(IncompatiblePairError):
         load_pair(two_runtime_pair)
     assert len(closed) == 2  # the draft and the target
+
+
+def test_the_demo_pair_loads_on_torch_before_any_measurement_where_the_native_forward_was_measured(monkeypatch):
+    from engine import runtime_choice
+    from engine.pairs import find_pair
+
+    demo = find_pair("demo")
+    monkeypatch.setattr(runtime_choice, "measured_here", lambda: True)
+    placed = placement(demo, None)
+    assert (placed.target, placed.target_runtime, placed.draft_runtime) == (demo.target, "torch", "torch")
+    # not where the CPU's kernel build was never measured, nor where the user chose, nor for other targets
+    monkeypatch.setattr(runtime_choice, "measured_here", lambda: False)
+    assert placement(demo, None).target_runtime == demo.runtime == "auto"
+    monkeypatch.setattr(runtime_choice, "measured_here", lambda: True)
+    assert placement(dataclasses.replace(demo, runtime="llama.cpp"), None).target_runtime == "llama.cpp"
+    other = dataclasses.replace(demo, target=ModelSpec("/models/some.gguf"))
+    assert placement(other, None).target_runtime == "auto"

@@ -26,6 +26,7 @@ import engine
 from app.settings import SETTINGS_FILE, AppSettings, save_settings
 from app.storage import DATABASE_FILE, open_chat_store
 from engine.config import DecodeSettings
+from engine.runtime.native_forward import NATIVE_NAME, measured_here
 
 ROOT = Path(__file__).resolve().parents[2]
 QUESTION = "What is the capital of France? Answer in one sentence."
@@ -113,7 +114,8 @@ def test_the_bundle_opens_answers_with_the_demo_pair_and_exits_on_sigterm(tmp_pa
         first_reply_s = time.monotonic() - launched
         timeline = {event["event"]: event for event in events}
         loaded = timeline["pair-loaded"]
-        assert loaded["pair"] == "demo" and loaded["description"]["runtime"] == "llama.cpp"
+        # the demo target runs where auto places it on this machine (runtime_choice.unmeasured_prefers_torch)
+        assert loaded["pair"] == "demo" and loaded["description"]["runtime"] == (NATIVE_NAME if measured_here() else "llama.cpp")
         steps = [event["message"] for event in events if event["event"] == "load-step"]
         assert f"Loading draft {bundle / '_internal' / 'resources' / 'drafts' / 'smollm2-135m-draft'}…" in steps
         reply = timeline["reply"]

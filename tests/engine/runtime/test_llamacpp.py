@@ -158,10 +158,13 @@ def test_a_corrupt_gguf_is_reported_by_the_llamacpp_runtime_and_leaves_no_cache(
     assert not list((cache_dir() / "models").glob("y-*")) and not list((cache_dir() / "models").glob(".y-*"))
 
 
-def test_auto_runs_a_gguf_target_on_llamacpp_and_names_the_runtime(demo_target_path):
+def test_auto_runs_a_gguf_target_on_llamacpp_and_names_the_runtime(demo_target_path, monkeypatch):
+    from engine import runtime_choice
     from engine.config import demo_pair
     from engine.session import load_pair
 
+    # where torch's native forward was measured faster, auto runs the demo target there instead (test_tune.py)
+    monkeypatch.setattr(runtime_choice, "measured_here", lambda: False)
     pair = load_pair(PairConfig("demo", ModelSpec("demo-target"), demo_pair().draft))
     try:
         assert pair.target.runtime == "llama.cpp"
