@@ -86,31 +86,87 @@ static void rotate(float *x, const float *cos, const float *sin, int64_t head_di
     for (int64_t j = 0; j < head_dim; j++) x[j] = x[j] * cos[j] + rotated[j] * sin[j];
 }
 
-/* One query head of one token over the cache rows it sees: out (head_dim). */
-static void attend(const TandemDecoder *d, const float *query, const float *keys, const float *values,
-                   const uint8_t *visible, int64_t first_row, int64_t slots, float *scores, float *out) {
-    int64_t dim = d->head_dim;
-    float largest = -INFINITY;
-    for (int64_t s = 0; s < slots; s++) {
-        if (!visible[s]) continue;
-        const float *key = keys + (first_row + s) * dim;
-        float dot = 0.0f;
+/* Attention of n tokens over one key/value head's cache rows first_row + [begin, end): every
+ * query head of the group, every token, each key and value row read once for all of them (at a
+ * long context the float32 cache, not the weights, is most of what a forward reads). Leaves
+ * per (token, group head) the largest score, the sum of exp(score - largest) and the sum of
+ * exp(score - largest) * value over this range, for `merge_ranges` to combine. */
+typedef struct {
+    const TandemDecoder *d;
+    int64_t n, groups, q_width, qkv_width, visible_stride, first_row;
+    const float *qkv;       /* (n, qkv_width): the rotated queries first */
+    const uint8_t *visible; /* (n, visible_stride) */
+} Attention;
+
+static void attend_range(const Attention *a, int64_t g, const float *keys, const float *values, int64_t begin,
+                         int64_t end, float *scores, float *largest, float *total, float *acc) {
+    int64_t dim = a->d->head_dim, groups = a->groups, count = end - begin, queries = a->n * groups;
+    for (int64_t q = 0; q < queries; q++) largest[q] = -INFINITY, total[q] = 0.0f;
+    for (int64_t j = 0; j < queries * dim; j++) acc[j] = 0.0f;
+    /* 1. Scores: each key row read once for every token and query head of the group. */
+    for (int64_t s = begin; s < end; s++) {
+        const float *key = keys + (a->first_row + s) * dim;
+        for (int64_t i = 0; i < a->n; i++) {
+            int seen = a->visible[i * a->visible_stride + s];
+            for (int64_t h = 0; h < groups; h++) {
+                int64_t q = i * groups + h;
+                float score = -INFINITY;
+                if (seen) {
+                    const float *query = a->qkv + i * a->qkv_width + (g * groups + h) * dim;
+                    float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t j = 0; j < dim; j++) dot += query[j] * key[j];
-        scores[s] = dot * d->attention_scale;
-        if (scores[s] > largest) largest = scores[s];
+                    for (int64_t j = 0; j < dim; j++) dot += query[j] * key[j];
+                    score = dot * a->d->attention_scale;
+                    if (score > largest[q]) largest[q] = score;
+                }
+                scores[q * count + s - begin] = score;
+            }
+        }
     }
-    float total = 0.0f;
-    for (int64_t j = 0; j < dim; j++) out[j] = 0.0f;
-    for (int64_t s = 0; s < slots; s++) {
-        if (!visible[s]) continue;
-        float weight = expf(scores[s] - largest);
-        total += weight;
-        const float *value = values + (first_row + s) * dim;
+    /* 2. Their exponentials. */
+    for (int64_t q = 0; q < queries; q++) {
+        if (largest[q] == -INFINITY) continue; /* it sees nothing in this range */
+        float *row = scores + q * count, top = largest[q];
+        for (int64_t s = 0; s < count; s++) row[s] = expf(row[s] - top);
+    }
+    /* 3. The weighted values: each value row read once. */
+    for (int64_t s = begin; s < end; s++) {
+        const float *value = values + (a->first_row + s) * dim;
+        for (int64_t i = 0; i < a->n; i++) {
+            if (!a->visible[i * a->visible_stride + s]) continue;
+            for (int64_t h = 0; h < groups; h++) {
+                int64_t q = i * groups + h;
+                float weight = scores[q * count + s - begin];
+                total[q] += weight;
+                float *out = acc + q * dim;
 #pragma omp simd
-        for (int64_t j = 0; j < dim; j++) out[j] += weight * value[j];
+                for (int64_t j = 0; j < dim; j++) out[j] += weight * value[j];
+            }
+        }
     }
-    for (int64_t j = 0; j < dim; j++) out[j] = out[j] / total;
+}
+
+/* The ranges' partial sums of one key/value head into each (token, group head)'s output. */
+static void merge_ranges(const Attention *a, int64_t g, int64_t ranges, const float *largest, const float *total,
+                         const float *acc, float *mixed) {
+    int64_t dim = a->d->head_dim, queries = a->n * a->groups;
+    for (int64_t q = 0; q < queries; q++) {
+        float top = -INFINITY;
+        for (int64_t r = 0; r < ranges; r++)
+            if (largest[r * queries + q] > top) top = largest[r * queries + q];
+        int64_t i = q / a->groups, h = g * a->groups + q % a->groups;
+        float *out = mixed + i * a->q_width + h * dim;
+        float sum = 0.0f;
+        for (int64_t j = 0; j < dim; j++) out[j] = 0.0f;
+        for (int64_t r = 0; r < ranges; r++) {
+            if (total[r * queries + q] == 0.0f) continue; /* a range this token sees nothing of */
+            float factor = expf(largest[r * queries + q] - top);
+            sum += factor * total[r * queries + q];
+            const float *part = acc + (r * queries + q) * dim;
+            for (int64_t j = 0; j < dim; j++) out[j] += factor * part[j];
+        }
+        for (int64_t j = 0; j < dim; j++) out[j] = out[j] / sum;
+    }
 }
 
 /* The forward of n tokens. ids, positions, rows: (n,); token i writes its keys and values at
@@ -124,7 +180,9 @@ int tandem_decoder_forward(const TandemDecoder *d, int64_t n, const int64_t *ids
                            const int64_t *feature_layers, int64_t feature_count, float *features, int threads) {
     int64_t hidden = d->hidden, dim = d->head_dim, groups = d->heads / d->kv_heads;
     int64_t q_width = d->heads * dim, kv_width = d->kv_heads * dim, qkv_width = q_width + 2 * kv_width;
-    if (n <= 0 || wanted_from < 0 || wanted_from > n || dim > 512 || first_row + slots > d->cache_rows) return TANDEM_BAD_INPUT;
+    if (n <= 0 || slots <= 0 || wanted_from < 0 || wanted_from > n || dim > 512 || first_row + slots > d->cache_rows)
+        return TANDEM_BAD_INPUT;
+    if (threads < 1) threads = 1;
     for (int64_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= d->vocab || positions[i] < 0 || positions[i] >= d->table_positions ||
             rows[i] < 0 || rows[i] >= d->cache_rows)
@@ -136,9 +194,17 @@ int tandem_decoder_forward(const TandemDecoder *d, int64_t n, const int64_t *ids
     float *wide = malloc(sizeof(float) * n * widest);     /* qkv, then gate_up */
     float *mixed = malloc(sizeof(float) * n * (q_width > d->intermediate ? q_width : d->intermediate));
     float *update = malloc(sizeof(float) * n * hidden);
-    float *scores = malloc(sizeof(float) * n * d->heads * (slots > 0 ? slots : 1));
+    /* Attention runs as kv_heads x ranges tasks, a range of the cache rows each: enough
+     * tasks for every thread even at one token and one key/value head. */
+    int64_t ranges = (2 * threads + d->kv_heads - 1) / d->kv_heads;
+    if (ranges > slots) ranges = slots > 0 ? slots : 1;
+    int64_t range_width = (slots + ranges - 1) / ranges, tasks = d->kv_heads * ranges;
+    float *scores = malloc(sizeof(float) * tasks * n * groups * (range_width > 0 ? range_width : 1));
+    float *largest = malloc(sizeof(float) * tasks * n * groups);
+    float *totals = malloc(sizeof(float) * tasks * n * groups);
+    float *partial = malloc(sizeof(float) * tasks * n * groups * dim);
     int status = TANDEM_OK;
-    if (!state || !normed || !wide || !mixed || !update || !scores) {
+    if (!state || !normed || !wide || !mixed || !update || !scores || !largest || !totals || !partial) {
         status = TANDEM_NO_MEMORY;
         goto done;
     }
@@ -170,14 +236,19 @@ int tandem_decoder_forward(const TandemDecoder *d, int64_t n, const int64_t *ids
                 memcpy(layer->values + (g * d->cache_rows + rows[i]) * dim, value, sizeof(float) * dim);
             }
         }
+        Attention attention = {d, n, groups, q_width, qkv_width, visible_stride, first_row, wide, visible};
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t h = 0; h < d->heads; h++) {
-                int64_t g = h / groups;
-                attend(d, wide + i * qkv_width + h * dim, layer->keys + g * d->cache_rows * dim,
-                       layer->values + g * d->cache_rows * dim, visible + i * visible_stride, first_row, slots,
-                       scores + (i * d->heads + h) * slots, mixed + i * q_width + h * dim);
+        for (int64_t g = 0; g < d->kv_heads; g++)
+            for (int64_t r = 0; r < ranges; r++) {
+                int64_t task = g * ranges + r, queries = n * groups;
+                int64_t begin = slots * r / ranges, end = slots * (r + 1) / ranges;
+                attend_range(&attention, g, layer->keys + g * d->cache_rows * dim, layer->values + g * d->cache_rows * dim,
+                             begin, end, scores + task * queries * range_width, largest + task * queries,
+                             totals + task * queries, partial + task * queries * dim);
             }
+        for (int64_t g = 0; g < d->kv_heads; g++)
+            merge_ranges(&attention, g, ranges, largest + g * ranges * n * groups, totals + g * ranges * n * groups,
+                         partial + g * ranges * n * groups * dim, mixed);
         if ((status = linear(&layer->output, mixed, n, update, threads))) goto done;
         for (int64_t j = 0; j < n * hidden; j++) state[j] = state[j] + update[j];
 
@@ -201,6 +272,6 @@ int tandem_decoder_forward(const TandemDecoder *d, int64_t n, const int64_t *ids
     if (wanted > 0) status = linear(&d->lm_head, normed, wanted, logits, threads);
 
 done:
-    free(state), free(normed), free(wide), free(mixed), free(update), free(scores);
+    free(state), free(normed), free(wide), free(mixed), free(update), free(scores), free(largest), free(totals), free(partial);
     return status;
 }
