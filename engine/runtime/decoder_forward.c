@@ -41,6 +41,7 @@ typedef struct {
     TandemInt8 gate_up;  /* gate, up side by side */
     TandemInt8 down;
     float *keys, *values; /* (kv_heads, cache_rows, head_dim) */
+    const float *q_norm, *k_norm; /* (head_dim,): RMSNorm of each query and key head (Qwen3), or NULL */
 } TandemLayer;
 
 typedef struct {
@@ -228,9 +229,13 @@ int tandem_decoder_forward(const TandemDecoder *d, int64_t n, const int64_t *ids
         for (int64_t i = 0; i < n; i++) {
             float *qkv = wide + i * qkv_width;
             const float *cos = d->cos + positions[i] * dim, *sin = d->sin + positions[i] * dim;
-            for (int64_t h = 0; h < d->heads; h++) rotate(qkv + h * dim, cos, sin, dim);
+            for (int64_t h = 0; h < d->heads; h++) {
+                if (layer->q_norm != NULL) rms_norm(qkv + h * dim, layer->q_norm, dim, d->eps, qkv + h * dim);
+                rotate(qkv + h * dim, cos, sin, dim);
+            }
             for (int64_t g = 0; g < d->kv_heads; g++) {
                 float *key = qkv + q_width + g * dim, *value = qkv + q_width + kv_width + g * dim;
+                if (layer->k_norm != NULL) rms_norm(key, layer->k_norm, dim, d->eps, key);
                 rotate(key, cos, sin, dim);
                 memcpy(layer->keys + (g * d->cache_rows + rows[i]) * dim, key, sizeof(float) * dim);
                 memcpy(layer->values + (g * d->cache_rows + rows[i]) * dim, value, sizeof(float) * dim);

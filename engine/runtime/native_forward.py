@@ -14,8 +14,8 @@ floats of the torch forward's; the norms, rotary embedding and attention are sum
 another order, so logits agree to float32 rounding (tests: against the eager forward, chains,
 trees and features).
 
-Which models: Llama, Mistral and Qwen2 layouts (plain RMSNorm, SiLU MLP, full rotary heads,
-no sliding windows in use) whose every projection is an int8 layer (`int8_weights`), in
+Which models: Llama, Mistral, Qwen2 and Qwen3 layouts (plain RMSNorm, Qwen3's on each query
+and key head too, SiLU MLP, full rotary heads, no sliding windows in use) whose every projection is an int8 layer (`int8_weights`), in
 float32 on the CPU, where the int8 kernel was built. `refusal` names what stops any other.
 """
 from __future__ import annotations
@@ -31,8 +31,8 @@ from .static_families import recipe_for, static_refusal
 NATIVE_NAME = "torch (native int8 forward)"  # the runtime's name where it runs
 # The kernel builds the native forward was measured faster with than llama.cpp (docs/BENCHMARKS.md).
 MEASURED_VARIANTS = {"AVX-512 VNNI"}
-NATIVE_RECIPES = {"Llama", "Mistral", "Qwen2"}
-NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"}
+NATIVE_RECIPES = {"Llama", "Mistral", "Qwen2", "Qwen3"}
+NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
 
 
 class _Int8(ctypes.Structure):
@@ -42,7 +42,8 @@ class _Int8(ctypes.Structure):
 
 class _Layer(ctypes.Structure):
     _fields_ = [("input_norm", ctypes.c_void_p), ("post_attention_norm", ctypes.c_void_p), ("qkv", _Int8),
-                ("output", _Int8), ("gate_up", _Int8), ("down", _Int8), ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p)]
+                ("output", _Int8), ("gate_up", _Int8), ("down", _Int8), ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p),
+                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p)]
 
 
 class _Decoder(ctypes.Structure):
@@ -81,10 +82,12 @@ def refusal(model: torch.nn.Module, device: torch.device) -> str | None:
             return int8
         if any(part.bias is not None for part in parts[3:]):
             return "the native forward runs no biases past the attention's inputs"
-        if any(type(norm).__name__ not in NORMS for norm in (layer.input_layernorm, layer.post_attention_layernorm)):
-            return "the native forward runs Llama's RMSNorm"
+        norms = [layer.input_layernorm, layer.post_attention_layernorm]
+        norms += [attention.q_norm, attention.k_norm] if recipe.qk_norm else []
+        if any(type(norm).__name__ not in NORMS or norm.variance_epsilon != decoder.norm.variance_epsilon for norm in norms):
+            return "the native forward runs Llama's RMSNorm, with one epsilon throughout"
     if type(decoder.norm).__name__ not in NORMS:
-        return "the native forward runs Llama's RMSNorm"
+        return "the native forward runs Llama's RMSNorm, with one epsilon throughout"
     # Last: it builds the kernel on a first run, which the checks above spare other models.
     return int8_kernel.unavailable_reason()
 
@@ -131,12 +134,15 @@ class NativeForward:
         keep += [cos, sin]
         layers = (_Layer * len(decoder.layers))()
         for index, (layer, joined, (keys, values)) in enumerate(zip(decoder.layers, forward.joined, forward.cache)):
-            norms = [layer.input_layernorm.weight.detach().float().contiguous(),
-                     layer.post_attention_layernorm.weight.detach().float().contiguous()]
-            keep += norms
-            layers[index] = _Layer(norms[0].data_ptr(), norms[1].data_ptr(), _int8(joined.qkv, keep),
+            norms = [layer.input_layernorm, layer.post_attention_layernorm]
+            norms += [layer.self_attn.q_norm, layer.self_attn.k_norm] if forward.recipe.qk_norm else [None, None]
+            weights = [None if norm is None else norm.weight.detach().float().contiguous() for norm in norms]
+            keep += weights
+            addresses = [0 if weight is None else weight.data_ptr() for weight in weights]
+            layers[index] = _Layer(addresses[0], addresses[1], _int8(joined.qkv, keep),
                                    _int8(layer.self_attn.o_proj, keep), _int8(joined.gate_up, keep),
-                                   _int8(layer.mlp.down_proj, keep), keys.data_ptr(), values.data_ptr())
+                                   _int8(layer.mlp.down_proj, keep), keys.data_ptr(), values.data_ptr(),
+                                   addresses[2], addresses[3])
         embeddings = decoder.embed_tokens
         final_norm = decoder.norm.weight.detach().float().contiguous()
         keep += [embeddings.weight, embeddings.scale, final_norm, layers]

@@ -12,7 +12,7 @@ import random
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from engine.runtime import int8_kernel
 from engine.runtime.int8_weights import quantise_weight_only
@@ -39,6 +39,8 @@ MODELS = {
         "original_max_position_embeddings": 64, "rope_theta": 500_000.0,
     })),
     "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE)),  # biases on q, k and v
+    # an RMSNorm on each query and key head, and heads wider than hidden / heads
+    "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=24)),
 }
 
 
