@@ -337,9 +337,9 @@ def _gguf_path(spec: ModelSpec) -> Path | None:
     return path
 
 
-# How long converting the demo GGUF for torch takes: 15-20 s on the 2-core development CPU
-# (docs/GUI.md); a first start waits for it, so the loading line says so.
-DEMO_CONVERSION_ESTIMATE = "about 20–25 s"
+# How long converting the demo GGUF for torch takes: ~8 s on the 2-core development CPU
+# (torch_load._gguf_metadata_read_once); a first start waits for it, so the loading line says so.
+DEMO_CONVERSION_ESTIMATE = "about 10 s"
 
 
 def _conversion_message(spec: ModelSpec, gguf: Path) -> str:

@@ -126,6 +126,9 @@ def test_corrupt_gguf_is_reported_and_leaves_no_cache(tmp_path):
     assert caught.value.__cause__ is not None
     assert not list((cache_dir() / "models").glob("x-*"))
     assert not list((cache_dir() / "models").glob(".x-*"))
+    # the conversion's caching wrappers are gone again, after a failure too
+    import gguf
+    assert isinstance(gguf.GGUFReader, type) and not hasattr(gguf.get_tensor_name_map, "cache_info")
 
 
 def test_folder_without_config_is_reported(tmp_path):
