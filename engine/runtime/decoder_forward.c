@@ -99,13 +99,59 @@ typedef struct {
     const uint8_t *visible; /* (n, visible_stride) */
 } Attention;
 
+#ifdef __AVX512F__
+#include <immintrin.h>
+
+/* Lane t: query . rows[t] over dim (a multiple of 16), rows `dim` floats apart. */
+static inline __m512 dot_16_rows(const float *query, const float *rows, int64_t dim) {
+    __m512 acc[16];
+    for (int t = 0; t < 16; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < dim; j += 16) {
+        __m512 x = _mm512_loadu_ps(query + j);
+        for (int t = 0; t < 16; t++) acc[t] = _mm512_fmadd_ps(x, _mm512_loadu_ps(rows + t * dim + j), acc[t]);
+    }
+    /* the int8 kernel's reduction tree (int8_matmul.c, sum_lanes_16), for floats */
+    __m512 pairs[8], quads[4];
+    for (int i = 0; i < 8; i++)
+        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * i], acc[2 * i + 1]), _mm512_unpackhi_ps(acc[2 * i], acc[2 * i + 1]));
+    for (int i = 0; i < 4; i++)
+        quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(pairs[2 * i]), _mm512_castps_pd(pairs[2 * i + 1]))),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(pairs[2 * i]), _mm512_castps_pd(pairs[2 * i + 1]))));
+    __m512 low = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x44), _mm512_shuffle_f32x4(quads[0], quads[1], 0xEE));
+    __m512 high = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x44), _mm512_shuffle_f32x4(quads[2], quads[3], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
+}
+#endif
+
 static void attend_range(const Attention *a, int64_t g, const float *keys, const float *values, int64_t begin,
                          int64_t end, float *scores, float *largest, float *total, float *acc) {
     int64_t dim = a->d->head_dim, groups = a->groups, count = end - begin, queries = a->n * groups;
     for (int64_t q = 0; q < queries; q++) largest[q] = -INFINITY, total[q] = 0.0f;
     for (int64_t j = 0; j < queries * dim; j++) acc[j] = 0.0f;
     /* 1. Scores: each key row read once for every token and query head of the group. */
-    for (int64_t s = begin; s < end; s++) {
+    int64_t s = begin;
+#ifdef __AVX512F__
+    /* 16 key rows at a time, kept in L1 across the group's queries, and each query's 16 dot
+     * products summed by one reduction tree rather than 16 horizontal sums. */
+    if (dim % 16 == 0)
+        for (; s + 16 <= end; s += 16) {
+            const float *block = keys + (a->first_row + s) * dim;
+            for (int64_t i = 0; i < a->n; i++) {
+                const uint8_t *seen = a->visible + i * a->visible_stride + s;
+                __mmask16 lanes = _mm_cmpneq_epi8_mask(_mm_loadu_si128((const __m128i *)seen), _mm_setzero_si128());
+                for (int64_t h = 0; h < groups; h++) {
+                    int64_t q = i * groups + h;
+                    const float *query = a->qkv + i * a->qkv_width + (g * groups + h) * dim;
+                    __m512 dots = _mm512_mul_ps(dot_16_rows(query, block, dim), _mm512_set1_ps(a->d->attention_scale));
+                    dots = _mm512_mask_blend_ps(lanes, _mm512_set1_ps(-INFINITY), dots);
+                    _mm512_storeu_ps(scores + q * count + s - begin, dots);
+                    float top = _mm512_reduce_max_ps(dots);
+                    if (top > largest[q]) largest[q] = top;
+                }
+            }
+        }
+#endif
+    for (; s < end; s++) {
         const float *key = keys + (a->first_row + s) * dim;
         for (int64_t i = 0; i < a->n; i++) {
             int seen = a->visible[i * a->visible_stride + s];

@@ -106,6 +106,23 @@ def test_a_prompt_past_the_kernels_rows_is_read_by_torch_and_continued_natively(
         assert_close(native.forward([token]), torch_only.forward([token]))
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_trees_after_a_long_context_see_what_they_should(kind):
+    """Long enough that attention takes its cache rows in blocks of 16 (AVX-512) with a tail,
+    and trees whose tokens sit inside a block each see only their own ancestors there."""
+    rng = random.Random(11)
+    runtimes = pair_of_runtimes(int8_model(kind, 11))
+    context = [rng.randrange(VOCAB) for _ in range(97)]
+    assert_close(*[runtime.forward(context, logits_wanted=1) for runtime in runtimes])
+    for _ in range(4):
+        tree = random_tree(rng, context[-1], rng.randrange(4, 15))
+        assert_close(*[forward_tree(runtime, context, tree) for runtime in runtimes])
+        path = tree.path(rng.randrange(len(tree)))
+        for runtime in runtimes:
+            keep_path(runtime, len(context), path)
+        context = context + [tree.tokens[node] for node in path]
+
+
 def test_native_features_and_hidden_states_are_the_torch_ones():
     model = int8_model("qwen2", 4)
     native, torch_only = pair_of_runtimes(model, hidden_states=True, feature_layers=(2, 0, 1))
