@@ -51,7 +51,7 @@ def pair_details(pair: PairConfig) -> str:
         pair.name,
         f"Target: {pair.target.source} ({pair.target.precision}, {pair.target.device})",
         f"Draft: {pair.draft.source if pair.draft else 'n-gram prompt lookup'}",
-        f"Runtime: {pair.runtime}" + ("" if pair.compile else " (torch on the CPU: not compiled)"),
+        f"Runtime: {pair.runtime}" + ("" if pair.compile else " (torch on the CPU: not compiled, where the native forward does not run it)"),
     ))
 
 

@@ -37,9 +37,10 @@ CPU_DEFAULT_PRECISION = "int8-wo"
 # where bitsandbytes' LLM.int8 (eager only) ran ~10 and bf16 302 (docs/BENCHMARKS.md).
 CUDA_DEFAULT_PRECISION = "int8-wo"
 # A draft's rounding never reaches the output: the target verifies every token it proposes.
-# On the CPU int8-wo: the native forward (engine/runtime/native_forward.py) runs the demo
-# draft's step in 0.86 ms, against 8.3 ms eager and ~6 ms compiled in bf16 (docs/BENCHMARKS.md).
-# On a GPU bf16: a small draft gains nothing from int8 there.
+# On the CPU int8-wo where Tandem's int8 kernel builds: the native forward
+# (engine/runtime/native_forward.py) runs the demo draft's step in 0.86 ms, against 8.3 ms
+# eager and ~6 ms compiled in bf16 (docs/BENCHMARKS.md). Elsewhere bf16: a small draft gains
+# nothing from int8 on a GPU, and without the kernel int8 on the CPU was never measured faster.
 DRAFT_CPU_DEFAULT_PRECISION = "int8-wo"
 DRAFT_DEFAULT_PRECISION = "bf16"
 # What precision="auto" means for a GGUF target on llama.cpp: "stored" runs the file as it

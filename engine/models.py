@@ -24,6 +24,7 @@ from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
 from transformers import AutoTokenizer
 
+from .runtime import int8_kernel
 from .config import CPU_DEFAULT_PRECISION, LLAMACPP_TARGET_PRECISION, CUDA_DEFAULT_PRECISION, DEMO_TARGET, DRAFT_CPU_DEFAULT_PRECISION, DRAFT_DEFAULT_PRECISION, ModelSpec
 from .demo_model import demo_gguf_path
 from .errors import ModelLoadError
@@ -310,7 +311,9 @@ def resolve_precision(precision: str, device: torch.device, as_draft: bool = Fal
     if precision != "auto":
         return precision
     if as_draft:
-        return DRAFT_CPU_DEFAULT_PRECISION if device.type == "cpu" else DRAFT_DEFAULT_PRECISION
+        # int8 on the CPU only where Tandem's int8 kernel runs it: elsewhere it was never measured against bf16
+        native = device.type == "cpu" and int8_kernel.unavailable_reason() is None
+        return DRAFT_CPU_DEFAULT_PRECISION if native else DRAFT_DEFAULT_PRECISION
     return CUDA_DEFAULT_PRECISION if device.type == "cuda" else CPU_DEFAULT_PRECISION
 
 

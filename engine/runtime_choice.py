@@ -85,11 +85,12 @@ class Placement:
     draft_runtime: str
 
 
-def placement(config: PairConfig, choice: RuntimeChoice | None) -> Placement:
-    """`config`'s models as its own settings place them, or with the target on `choice`'s
+def placement(config: PairConfig, choice: RuntimeChoice | None, measured_defaults: bool = True) -> Placement:
+    """`config`'s models as its own settings place them (and, with `measured_defaults`, as
+    `unmeasured_prefers_torch` places the demo pair), or with the target on `choice`'s
     runtime and precision and the draft following it where the draft can run there."""
     if choice is None:
-        if unmeasured_prefers_torch(config):
+        if measured_defaults and unmeasured_prefers_torch(config):
             return Placement(config.target, "torch", "torch")
         return Placement(config.target, config.runtime, config.runtime)
     draft_follows = config.draft is None or choice.runtime == "torch" or runtime_gguf(config.draft, "auto") is not None

@@ -32,7 +32,7 @@ from .events import Event, Finished, PromptPrepared, PromptProgress, Provenance,
 from .heads.features import EXTRA_FEATURES
 from .heads.store import DraftHeads, find_heads
 from .models import LoadedModel, load_eagle_head, load_model
-from .runtime_choice import RuntimeChoice, applies_to, forget_choice, load_choice, placement
+from .runtime_choice import RuntimeChoice, applies_to, forget_choice, load_choice, placement, unmeasured_prefers_torch
 from .paths import cache_dir
 from .runtime import ModelRuntime
 from .runtime.device import OUT_OF_MEMORY_ERRORS, memory_in_use_mb, release_cached_memory
@@ -486,14 +486,20 @@ def load_pair(config: PairConfig, progress: ProgressCallback | None = None, choi
         try:
             pair = _open_pair(config, progress, report, choice or saved)
         except (ModelLoadError, OutOfMemoryError) as error:
-            if saved is None:
+            if saved is None and choice is None and unmeasured_prefers_torch(config):
+                # The demo target placed on torch without a measurement (its conversion or
+                # load failed: a full disk, a broken transformers): its own setting may still load.
+                report(f"The demo model did not load on torch ({error}); loading it as its runtime setting places it.", None)
+                pair = _open_pair(config, progress, report, None, measured_defaults=False)
+            elif saved is None:
                 raise
-            # A choice that no longer loads (its GGUF export deleted, a GPU with less memory
-            # free) must not lock the user out of the pair: load it as auto, and measure again.
-            forget_choice(config)
-            report(f"The runtime tandem tune chose ({saved.label}) no longer loads the pair ({error}); loading it as auto.", None)
-            saved = None
-            pair = _open_pair(config, progress, report, None)
+            else:
+                # A choice that no longer loads (its GGUF export deleted, a GPU with less memory
+                # free) must not lock the user out of the pair: load it as auto, and measure again.
+                forget_choice(config)
+                report(f"The runtime tandem tune chose ({saved.label}) no longer loads the pair ({error}); loading it as auto.", None)
+                saved = None
+                pair = _open_pair(config, progress, report, None)
     pair.runtime_choice = saved
     for runner in (pair.target_runner, pair.draft_runner):
         if runner is not None and runner.warm_up_message:
@@ -510,10 +516,11 @@ def load_pair(config: PairConfig, progress: ProgressCallback | None = None, choi
 
 
 def _open_pair(
-    config: PairConfig, progress: ProgressCallback | None, report: ProgressCallback, choice: RuntimeChoice | None
+    config: PairConfig, progress: ProgressCallback | None, report: ProgressCallback, choice: RuntimeChoice | None,
+    measured_defaults: bool = True,
 ) -> LoadedPair:
     # The pair keeps the user's own settings whatever `choice` places where: they are what gets saved.
-    placed = placement(config, choice)
+    placed = placement(config, choice, measured_defaults)
     report(f"Loading target {config.target.source}…", None)
     target = load_model(placed.target, progress, runtime=placed.target_runtime, compile=config.compile)
     draft = None

@@ -227,7 +227,8 @@ int tandem_decoder_forward(const TandemDecoder *d, int64_t n, const int64_t *ids
                            const int64_t *feature_layers, int64_t feature_count, float *features, int threads) {
     int64_t hidden = d->hidden, dim = d->head_dim, groups = d->heads / d->kv_heads;
     int64_t q_width = d->heads * dim, kv_width = d->kv_heads * dim, qkv_width = q_width + 2 * kv_width;
-    if (n <= 0 || slots <= 0 || wanted_from < 0 || wanted_from > n || dim > 512 || first_row + slots > d->cache_rows)
+    if (n <= 0 || slots <= 0 || first_row < 0 || wanted_from < 0 || wanted_from > n || dim > 512 || dim % 2 ||
+        d->heads % d->kv_heads || first_row + slots > d->cache_rows)
         return TANDEM_BAD_INPUT;
     if (threads < 1) threads = 1;
     for (int64_t i = 0; i < n; i++)

@@ -88,8 +88,37 @@ def refusal(model: torch.nn.Module, device: torch.device) -> str | None:
             return "the native forward runs Llama's RMSNorm, with one epsilon throughout"
     if type(decoder.norm).__name__ not in NORMS:
         return "the native forward runs Llama's RMSNorm, with one epsilon throughout"
+    reason = _shape_refusal(model)
+    if reason is not None:
+        return reason
     # Last: it builds the kernel on a first run, which the checks above spare other models.
     return int8_kernel.unavailable_reason()
+
+
+def _shape_refusal(model: torch.nn.Module) -> str | None:
+    """The C code trusts its sizes: every weight must have the shape the config gives it, and
+    the rotary embedding must turn whole heads (not Phi-3's or a partial_rotary_factor's part)."""
+    config, decoder = model.config, model.model
+    attention = decoder.layers[0].self_attn
+    heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, attention.head_dim
+    hidden, intermediate, vocab = config.hidden_size, config.intermediate_size, model.lm_head.weight.shape[0]
+    if dim % 2 or dim > 512 or heads % kv_heads:
+        return f"the native forward runs even heads of at most 512 and whole query groups (head_dim {dim}, {heads}/{kv_heads} heads)"
+    with torch.inference_mode():
+        cos, _ = decoder.rotary_emb(torch.zeros(1, 1, hidden), torch.zeros(1, 1, dtype=torch.long))
+    if cos.shape[-1] != dim:
+        return f"the native forward rotates whole heads; this model rotates {cos.shape[-1]} of {dim}"
+    shapes = [(model.lm_head, (vocab, hidden)), (decoder.embed_tokens, (vocab, hidden))]
+    for layer in decoder.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        shapes += [(attention.q_proj, (heads * dim, hidden)), (attention.k_proj, (kv_heads * dim, hidden)),
+                   (attention.v_proj, (kv_heads * dim, hidden)), (attention.o_proj, (hidden, heads * dim)),
+                   (mlp.gate_proj, (intermediate, hidden)), (mlp.up_proj, (intermediate, hidden)),
+                   (mlp.down_proj, (hidden, intermediate))]
+    for module, shape in shapes:
+        if tuple(module.weight.shape) != shape or module.scale.dtype != torch.float32:
+            return f"a weight of shape {tuple(module.weight.shape)} where the config says {shape}"
+    return None
 
 
 def measured_here() -> bool:
@@ -122,6 +151,8 @@ class NativeForward:
         self.library = int8_kernel.loaded_library()
         self.most_tokens = int8_kernel.most_tokens()
         self.feature_layers = forward.feature_layers
+        if any(not 0 <= layer < len(decoder.layers) for layer in self.feature_layers):
+            raise ValueError(f"feature layers {list(self.feature_layers)} outside the model's {len(decoder.layers)}")
         self.hidden = config.hidden_size
         self.vocab = model.lm_head.weight.shape[0]
         keep: list = []  # every tensor whose address the C structs hold
@@ -145,7 +176,8 @@ class NativeForward:
                                    addresses[2], addresses[3])
         embeddings = decoder.embed_tokens
         final_norm = decoder.norm.weight.detach().float().contiguous()
-        keep += [embeddings.weight, embeddings.scale, final_norm, layers]
+        # The cache too: the C call releases the GIL, and it must not outlive what it writes into.
+        keep += [embeddings.weight, embeddings.scale, final_norm, layers, forward.cache]
         self._decoder = _Decoder(
             len(decoder.layers), config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
             attention.head_dim, config.intermediate_size, self.vocab, rows,

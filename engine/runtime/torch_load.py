@@ -21,7 +21,7 @@ from .base import ModelRuntime
 from .compiled_forward import compile_allowed
 from .int8_weights import quantise_weight_only
 from .model_reading import READ_ERRORS, without_progress_bars
-from .native_forward import NATIVE_NAME
+from .native_forward import NATIVE_NAME, measured_here
 from .native_forward import refusal as native_refusal
 from .static_families import static_refusal
 from .torch_eager import TorchRuntime
@@ -141,10 +141,12 @@ def captures_graphs(model: PreTrainedModel, device: torch.device) -> bool:
 def compiles_on_cpu(model: PreTrainedModel, device: torch.device, compile: bool) -> bool:
     """On the CPU, a model the static runtime can run is compiled in the background when the
     pair allows it (compiled_forward.py); TANDEM_COMPILE=0 keeps the eager runtime. Not one
-    that runs natively: its steps and verifies are faster in C than compiled, and its prompt
-    chunks read as fast eagerly as the native forward reads them (docs/BENCHMARKS.md), so
-    the compile's minutes of both cores would buy nothing."""
-    return device.type == "cpu" and compile_allowed(compile) and runs_static(model) and not runs_natively(model, device)
+    that runs natively on a kernel build it was measured with: its steps and verifies are
+    faster in C than compiled, and its prompt chunks read as fast eagerly as the native
+    forward reads them (docs/BENCHMARKS.md), so the compile's minutes of both cores would buy
+    nothing. On other builds the forwards past the native forward's rows are compiled."""
+    natively_measured = runs_natively(model, device) and measured_here()
+    return device.type == "cpu" and compile_allowed(compile) and runs_static(model) and not natively_measured
 
 
 def runs_natively(model: PreTrainedModel, device: torch.device) -> bool:

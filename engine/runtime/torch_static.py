@@ -237,7 +237,8 @@ def _attend(query, keys, values, mask, scale, cap=None):
 class StaticTorchRuntime(ModelRuntime):
     """A torch model over a static KV cache; on CUDA each (token bucket, key window) forward
     is a CUDA graph (`graphs=False` runs the same static forward eagerly: the CPU tests
-    check it against the eager runtime). Without graphs, `compile` has torch.compile compile
+    check it against the eager runtime). On the CPU, forwards of up to the int8 kernel's rows
+    of a model `native_forward` runs go to that one C call instead. Without graphs, `compile` has torch.compile compile
     the forward in the background (compiled_forward.py) once `start_background_work` is
     called. Opened with `hidden_states`, it keeps the final-norm hidden states of the rows it
     returned logits for, a second output of the same graph."""
@@ -277,7 +278,9 @@ class StaticTorchRuntime(ModelRuntime):
         if compile and not self.graphs_enabled:
             # The step first, then an 8-token verify (the graph every count but one shares),
             # then every other shape, each a guard check away from those two.
-            shapes = [(bucket, window) for window in self.windows for bucket in BUCKETS]
+            # (only the buckets past the native forward's rows, where it runs)
+            most = self.native.most_tokens if self.native is not None else 0
+            shapes = [(bucket, window) for window in self.windows for bucket in BUCKETS if bucket > most]
             shapes.sort(key=lambda shape: (shape != (1, self.windows[0]), shape != (8, self.windows[0])))
             if device.type == "cpu":
                 int8_kernel.unavailable_reason()  # built and loaded before the graphs are traced: they read whether it is there

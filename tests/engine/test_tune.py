@@ -187,6 +187,30 @@ def test_a_choice_that_no_longer_loads_is_dropped_and_the_pair_loads_as_auto(two
         pair.close()
 
 
+def test_the_demo_pair_falls_back_to_its_own_runtime_when_torch_fails_it(demo_target_path, monkeypatch):
+    pytest.importorskip("llama_cpp")
+    from engine import runtime_choice, session
+    from engine.pairs import find_pair
+
+    demo = dataclasses.replace(find_pair("demo"), draft=None)
+    monkeypatch.setattr(runtime_choice, "measured_here", lambda: True)
+    real_load_model = session.load_model
+
+    def torch_fails(spec, progress=None, runtime="auto", **options):
+        if runtime == "torch":
+            raise ModelLoadError("No space left on device while converting the demo model.")
+        return real_load_model(spec, progress, runtime=runtime, **options)
+
+    monkeypatch.setattr(session, "load_model", torch_fails)
+    messages = []
+    pair = load_pair(demo, lambda message, fraction: messages.append(message))
+    try:
+        assert pair.target.runtime == "llama.cpp" and pair.runtime_choice is None
+        assert any("did not load on torch (No space left on device" in message for message in messages)
+    finally:
+        pair.close()
+
+
 def test_a_pair_whose_draft_fails_to_load_does_not_keep_its_target(two_runtime_pair, monkeypatch):
     from engine import session
     from engine.errors import IncompatiblePairError

@@ -175,3 +175,29 @@ def test_without_the_kernel_the_static_forward_runs_in_torch(monkeypatch):
     runtime = StaticTorchRuntime(model, torch.device("cpu"), 100)
     assert runtime.native is None and runtime.name != NATIVE_NAME
     assert runtime.forward([1, 2, 3]).shape == (1, VOCAB)
+
+
+def test_a_partial_rotation_or_feature_layers_outside_the_model_are_refused():
+    torch.manual_seed(0)
+    partial = quantise_weight_only(LlamaForCausalLM(LlamaConfig(
+        **SHAPE, partial_rotary_factor=0.5, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+    )).eval())
+    assert "rotates whole heads" in refusal(partial, torch.device("cpu"))
+    with pytest.raises(ValueError, match="feature layers"):
+        StaticTorchRuntime(int8_model("llama", 0), torch.device("cpu"), 100, feature_layers=(1, SHAPE["num_hidden_layers"]))
+
+
+def test_on_a_kernel_build_never_measured_only_the_longer_forwards_are_compiled(monkeypatch):
+    from engine.runtime import torch_load
+    from engine.runtime.torch_static import BUCKETS
+
+    model = int8_model("llama", 8)
+    monkeypatch.setattr(torch_load, "measured_here", lambda: False)
+    monkeypatch.setenv("TANDEM_COMPILE", "1")  # the tests' default is off; nothing is compiled before start_background_work
+    runtime = torch_load.torch_runtime_factory(model, torch.device("cpu"), 200, compile=True)(False)
+    try:
+        assert runtime.native is not None and runtime.compiler is not None
+        compiled_buckets = {bucket for bucket, _window in runtime.compiler._shapes}
+        assert compiled_buckets == {bucket for bucket in BUCKETS if bucket > int8_kernel.most_tokens()}
+    finally:
+        runtime.close()
