@@ -21,7 +21,7 @@ from engine.runtime.torch_load import torch_runtime_factory, torch_runtime_name
 from engine.runtime.torch_static import StaticTorchRuntime
 from engine.tree import forward_tree, keep_path
 
-from .test_torch_static import random_tree
+from .test_torch_static import converse, random_tree
 
 pytestmark = pytest.mark.skipif(int8_kernel.unavailable_reason() is not None, reason="the int8 kernel cannot be built here")
 
@@ -66,6 +66,10 @@ def pair_of_runtimes(model, **options) -> tuple[StaticTorchRuntime, StaticTorchR
     return native, torch_only
 
 
+def close(native: torch.Tensor, reference: torch.Tensor) -> bool:
+    return native.shape == reference.shape and bool((native - reference).abs().max() <= RELATIVE * reference.abs().max())
+
+
 def assert_close(native: torch.Tensor, reference: torch.Tensor) -> None:
     assert native.shape == reference.shape
     assert (native - reference).abs().max() <= RELATIVE * reference.abs().max()
@@ -77,24 +81,8 @@ def test_native_forward_gives_the_torch_logits_through_chains_trees_and_kept_pat
     rng = random.Random(seed)
     runtimes = pair_of_runtimes(int8_model(kind, seed))
     context = [rng.randrange(VOCAB) for _ in range(rng.randrange(3, 12))]
-    logits = [runtime.forward(context, logits_wanted=3) for runtime in runtimes]
-    assert_close(*logits)
-    for _ in range(6):
-        tree = random_tree(rng, context[-1], rng.randrange(1, 12))
-        logits = [forward_tree(runtime, context, tree) for runtime in runtimes]
-        assert_close(*logits)
-        path = tree.path(rng.randrange(len(tree)))
-        for runtime in runtimes:
-            keep_path(runtime, len(context), path)
-        context = context + [tree.tokens[node] for node in path]
-        following = [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 4))]
-        assert_close(*[runtime.forward(following, logits_wanted=len(following)) for runtime in runtimes])
-        context += following
-        cut = rng.randrange(1, len(context))
-        for runtime in runtimes:
-            runtime.crop(cut)
-        context = context[:cut]
-        assert runtimes[0].cached_ids == runtimes[1].cached_ids == context
+    assert close(*[runtime.forward(context, logits_wanted=3) for runtime in runtimes])
+    converse(rng, runtimes, context, rounds=6, same=close)
 
 
 def test_a_prompt_past_the_kernels_rows_is_read_by_torch_and_continued_natively():

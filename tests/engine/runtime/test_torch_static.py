@@ -57,17 +57,22 @@ def test_static_cache_gives_the_eager_logits_through_chains_trees_and_kept_paths
     context = [rng.randrange(VOCAB) for _ in range(rng.randrange(3, 20))]
     first = [runtime.forward(context, logits_wanted=3) for runtime in runtimes]
     assert torch.allclose(first[0], first[1], atol=TOLERANCE)
-    for _ in range(4):
+    converse(rng, runtimes, context, rounds=4, same=lambda a, b: torch.allclose(a, b, atol=TOLERANCE))
+
+
+def converse(rng: random.Random, runtimes, context: list[int], rounds: int, same) -> None:
+    """Run two runtimes through the same random conversation after `context` and check that
+    `same(logits of one, logits of the other)` at every forward: a random tree, one of its
+    paths kept, a few plain tokens, then a crop to a random length."""
+    for _ in range(rounds):
         tree = random_tree(rng, context[-1], rng.randrange(1, 12))
-        logits = [forward_tree(runtime, context, tree) for runtime in runtimes]
-        assert torch.allclose(logits[0], logits[1], atol=TOLERANCE)
+        assert same(*[forward_tree(runtime, context, tree) for runtime in runtimes])
         path = tree.path(rng.randrange(len(tree)))
         for runtime in runtimes:
             keep_path(runtime, len(context), path)
         context = context + [tree.tokens[node] for node in path]
         following = [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 4))]
-        logits = [runtime.forward(following, logits_wanted=len(following)) for runtime in runtimes]
-        assert torch.allclose(logits[0], logits[1], atol=TOLERANCE)
+        assert same(*[runtime.forward(following, logits_wanted=len(following)) for runtime in runtimes])
         context += following
         cut = rng.randrange(1, len(context))
         for runtime in runtimes:
