@@ -56,6 +56,8 @@ typedef struct {
     const TandemLayer *layer;
 } TandemDecoder;
 
+#define RANGE_ROWS 128 /* cache rows per attention task */
+
 enum { TANDEM_OK = 0, TANDEM_NO_MEMORY = -1, TANDEM_BAD_INPUT = -2 };
 
 /* out (m, rows) = x (m, width) times the layer's weight, scaled (and biased) as Int8Linear does. */
@@ -124,7 +126,7 @@ static inline __m512 dot_16_rows(const float *query, const float *rows, int64_t 
 #endif
 
 static void attend_range(const Attention *a, int64_t g, const float *keys, const float *values, int64_t begin,
-                         int64_t end, float *scores, float *largest, float *total, float *acc) {
+                         int64_t end, float *scores, float *largest, float *total, float *acc, float *padded) {
     int64_t dim = a->d->head_dim, groups = a->groups, count = end - begin, queries = a->n * groups;
     for (int64_t q = 0; q < queries; q++) largest[q] = -INFINITY, total[q] = 0.0f;
     for (int64_t j = 0; j < queries * dim; j++) acc[j] = 0.0f;
@@ -133,18 +135,26 @@ static void attend_range(const Attention *a, int64_t g, const float *keys, const
 #ifdef __AVX512F__
     /* 16 key rows at a time, kept in L1 across the group's queries, and each query's 16 dot
      * products summed by one reduction tree rather than 16 horizontal sums. */
+    /* A last block of fewer than 16 rows is copied into zeros: every score comes out of the same
+     * arithmetic, whichever block a row falls in, so a step's scores are a verify's. */
     if (dim % 16 == 0)
-        for (; s + 16 <= end; s += 16) {
+        for (; s < end; s += 16) {
             const float *block = keys + (a->first_row + s) * dim;
+            if (end - s < 16) {
+                memset(padded, 0, sizeof(float) * 16 * dim);
+                memcpy(padded, block, sizeof(float) * (end - s) * dim);
+                block = padded;
+            }
             for (int64_t i = 0; i < a->n; i++) {
                 const uint8_t *seen = a->visible + i * a->visible_stride + s;
-                __mmask16 lanes = _mm_cmpneq_epi8_mask(_mm_loadu_si128((const __m128i *)seen), _mm_setzero_si128());
+                __mmask16 rows = end - s < 16 ? (__mmask16)((1u << (end - s)) - 1) : (__mmask16)0xFFFF;
+                __mmask16 lanes = _mm_mask_cmpneq_epi8_mask(rows, _mm_maskz_loadu_epi8(rows, seen), _mm_setzero_si128());
                 for (int64_t h = 0; h < groups; h++) {
                     int64_t q = i * groups + h;
                     const float *query = a->qkv + i * a->qkv_width + (g * groups + h) * dim;
                     __m512 dots = _mm512_mul_ps(dot_16_rows(query, block, dim), _mm512_set1_ps(a->d->attention_scale));
                     dots = _mm512_mask_blend_ps(lanes, _mm512_set1_ps(-INFINITY), dots);
-                    _mm512_storeu_ps(scores + q * count + s - begin, dots);
+                    _mm512_mask_storeu_ps(scores + q * count + s - begin, rows, dots);
                     float top = _mm512_reduce_max_ps(dots);
                     if (top > largest[q]) largest[q] = top;
                 }
@@ -242,17 +252,17 @@ int tandem_decoder_forward(const TandemDecoder *d, int64_t n, const int64_t *ids
     float *wide = malloc(sizeof(float) * n * widest);     /* qkv, then gate_up */
     float *mixed = malloc(sizeof(float) * n * (q_width > d->intermediate ? q_width : d->intermediate));
     float *update = malloc(sizeof(float) * n * hidden);
-    /* Attention runs as kv_heads x ranges tasks, a range of the cache rows each: enough
-     * tasks for every thread even at one token and one key/value head. */
-    int64_t ranges = (2 * threads + d->kv_heads - 1) / d->kv_heads;
-    if (ranges > slots) ranges = slots > 0 ? slots : 1;
-    int64_t range_width = (slots + ranges - 1) / ranges, tasks = d->kv_heads * ranges;
-    float *scores = malloc(sizeof(float) * tasks * n * groups * (range_width > 0 ? range_width : 1));
+    /* Attention runs as kv_heads x ranges tasks, RANGE_ROWS cache rows each, the ranges at
+     * fixed slots: which rows a range holds never depends on the batch, so a token's sums run
+     * in the same order in a verify as in a step. */
+    int64_t ranges = (slots + RANGE_ROWS - 1) / RANGE_ROWS, range_width = RANGE_ROWS, tasks = d->kv_heads * ranges;
+    float *scores = malloc(sizeof(float) * tasks * n * groups * range_width);
+    float *padded = malloc(sizeof(float) * tasks * 16 * dim);
     float *largest = malloc(sizeof(float) * tasks * n * groups);
     float *totals = malloc(sizeof(float) * tasks * n * groups);
     float *partial = malloc(sizeof(float) * tasks * n * groups * dim);
     int status = TANDEM_OK;
-    if (!state || !normed || !wide || !mixed || !update || !scores || !largest || !totals || !partial) {
+    if (!state || !normed || !wide || !mixed || !update || !scores || !largest || !totals || !partial || !padded) {
         status = TANDEM_NO_MEMORY;
         goto done;
     }
@@ -293,10 +303,10 @@ int tandem_decoder_forward(const TandemDecoder *d, int64_t n, const int64_t *ids
         for (int64_t g = 0; g < d->kv_heads; g++)
             for (int64_t r = 0; r < ranges; r++) {
                 int64_t task = g * ranges + r, queries = n * groups;
-                int64_t begin = slots * r / ranges, end = slots * (r + 1) / ranges;
+                int64_t begin = r * RANGE_ROWS, end = begin + RANGE_ROWS < slots ? begin + RANGE_ROWS : slots;
                 attend_range(&attention, g, layer->keys + g * d->cache_rows * dim, layer->values + g * d->cache_rows * dim,
                              begin, end, scores + task * queries * range_width, largest + task * queries,
-                             totals + task * queries, partial + task * queries * dim);
+                             totals + task * queries, partial + task * queries * dim, padded + task * 16 * dim);
             }
         for (int64_t g = 0; g < d->kv_heads; g++)
             merge_ranges(&attention, g, ranges, largest + g * ranges * n * groups, totals + g * ranges * n * groups,
@@ -324,6 +334,6 @@ int tandem_decoder_forward(const TandemDecoder *d, int64_t n, const int64_t *ids
     if (wanted > 0) status = linear(&d->lm_head, normed, wanted, logits, threads);
 
 done:
-    free(state), free(normed), free(wide), free(mixed), free(update), free(scores), free(largest), free(totals), free(partial);
+    free(state), free(normed), free(wide), free(mixed), free(update), free(scores), free(largest), free(totals), free(partial), free(padded);
     return status;
 }

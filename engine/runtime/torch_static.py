@@ -245,7 +245,7 @@ class StaticTorchRuntime(ModelRuntime):
 
     def __init__(
         self, model: torch.nn.Module, device: torch.device, capacity: int, graphs: bool | None = None, hidden_states: bool = False,
-        feature_layers: tuple[int, ...] = (), compile: bool = False,
+        feature_layers: tuple[int, ...] = (), compile: bool = False, native: bool = True,
     ):
         super().__init__(model.get_output_embeddings().weight.shape[0])
         self.device = device
@@ -261,7 +261,8 @@ class StaticTorchRuntime(ModelRuntime):
         self.forward_pass: StaticCacheForward | None = StaticCacheForward(model, rows, device, self.feature_layers)  # None once closed
         # On the CPU, steps and verifies of int8 Llama-layout models run in one C call
         # (native_forward.py); longer forwards (prompt chunks) and every other model run in torch.
-        self.native: NativeForward | None = None if self.graphs_enabled else native_forward(self.forward_pass)
+        # (`native=False` keeps every forward in torch: the tests of the torch path)
+        self.native: NativeForward | None = None if self.graphs_enabled or not native else native_forward(self.forward_pass)
         if self.native is not None:
             self.name = NATIVE_NAME
         widest = BUCKETS[-1]

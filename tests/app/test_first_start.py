@@ -15,7 +15,7 @@ from app.engine_api import LocalEngine
 from engine.errors import ModelLoadError
 from engine.runtime import llamacpp_library
 
-CONVERTING = "Converting the demo model (first start only, about 20–25 s)…"
+CONVERTING = f"Converting the demo model (first start only, {engine.models.DEMO_CONVERSION_ESTIMATE})…"
 
 
 @pytest.fixture

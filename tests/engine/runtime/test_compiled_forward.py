@@ -30,9 +30,9 @@ from .test_torch_static import tiny_pair
 COMPILE_TIMEOUT_S = 600
 
 
-def compiled(model: torch.nn.Module, capacity: int = 400) -> StaticTorchRuntime:
+def compiled(model: torch.nn.Module, capacity: int = 400, native: bool = True) -> StaticTorchRuntime:
     """A static runtime over `model` whose background compile has ended, and succeeded."""
-    runtime = StaticTorchRuntime(model, torch.device("cpu"), capacity, graphs=False, compile=True)
+    runtime = StaticTorchRuntime(model, torch.device("cpu"), capacity, graphs=False, compile=True, native=native)
     assert runtime.background_note == "compiling in the background"
     runtime.start_background_work()
     assert runtime.compiler.wait(COMPILE_TIMEOUT_S)
@@ -253,10 +253,10 @@ def test_int8_compiled_keeps_the_eager_logits_and_gives_a_verify_the_steps_logit
 
     model = quantise_weight_only(tiny_llama(seed=9, vocab_size=VOCAB, hidden=64))
     ids = [5, 9, 11, 40, 2, 7, 33, 12, 3, 8, 17, 21]
-    verifying = compiled(model)
+    verifying = compiled(model, native=False)  # the compiled graphs, not the native forward
     verifying.compiler._compiled = CompiledOnly(verifying.compiler._compiled)
     verified = verifying.forward(ids, logits_wanted=10)
-    stepping = StaticTorchRuntime(model, torch.device("cpu"), 400, graphs=False, compile=True)
+    stepping = StaticTorchRuntime(model, torch.device("cpu"), 400, graphs=False, compile=True, native=False)
     assert stepping.compiler is verifying.compiler  # the same compiled graphs, another cache
     stepping.forward(ids[:2], logits_wanted=1)
     stepped = torch.cat([stepping.forward([token], logits_wanted=1) for token in ids[2:]])

@@ -73,16 +73,18 @@ def test_the_layer_takes_the_integer_matmul_for_any_leading_shape(shape, bias, d
     assert (out.float() - reference).abs().max() <= rounding * reference.abs().max()
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "torch"])
 @pytest.mark.parametrize("seed", range(3))
-def test_a_verify_gives_each_token_the_logits_a_one_token_step_gives_it(seed):
+def test_a_verify_gives_each_token_the_logits_a_one_token_step_gives_it(seed, native):
     """Float matmuls sum a k-row batch in another order than one row (fp32 logits differ in
     the last bits here), so greedy speculation can part from plain decoding at a near-tie.
-    The int8 model's matmuls are integer sums: a verify and the steps agree to the bit."""
+    The int8 model's matmuls are integer sums: a verify and the steps agree to the bit, in the
+    native forward and in torch's."""
     model = quantise_weight_only(tiny_llama(seed=seed, vocab_size=64, hidden=64))
     ids = [5, 9, 11, 40, 2, 7, 33, 12, 3, 8]
-    verifying = StaticTorchRuntime(model, torch.device("cpu"), 200, graphs=False)
+    verifying = StaticTorchRuntime(model, torch.device("cpu"), 200, graphs=False, native=native)
     verified = verifying.forward(ids, logits_wanted=8)
-    stepping = StaticTorchRuntime(model, torch.device("cpu"), 200, graphs=False)
+    stepping = StaticTorchRuntime(model, torch.device("cpu"), 200, graphs=False, native=native)
     stepping.forward(ids[:2], logits_wanted=1)
     stepped = torch.cat([stepping.forward([token], logits_wanted=1) for token in ids[2:]])
     assert torch.equal(verified, stepped)

@@ -189,3 +189,21 @@ def test_on_a_kernel_build_never_measured_only_the_longer_forwards_are_compiled(
         assert compiled_buckets == {bucket for bucket in BUCKETS if bucket > int8_kernel.most_tokens()}
     finally:
         runtime.close()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_a_verify_gives_each_token_the_bits_its_steps_give_it(kind):
+    """Greedy speculation equals plain decoding only if a verified token gets the very logits
+    its step would: the attention's ranges and 16-row blocks sit at fixed cache rows, and a
+    short last block is padded, so the sums run in the same order either way. After a context
+    that crosses a range (128 rows) and ends inside a block."""
+    model = int8_model(kind, 12)
+    rng = random.Random(12)
+    prompt = [rng.randrange(VOCAB) for _ in range(150)]
+    following = [rng.randrange(VOCAB) for _ in range(9)]
+    verifying, stepping = (StaticTorchRuntime(model, torch.device("cpu"), 300) for _ in range(2))
+    for runtime in (verifying, stepping):
+        runtime.forward(prompt, logits_wanted=1)
+    verified = verifying.forward(following, logits_wanted=len(following))
+    stepped = torch.cat([stepping.forward([token]) for token in following])
+    assert verifying.native is not None and torch.equal(verified, stepped)
