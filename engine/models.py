@@ -24,13 +24,13 @@ from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
 from transformers import AutoTokenizer
 
-from .runtime import int8_kernel
 from .config import CPU_DEFAULT_PRECISION, LLAMACPP_TARGET_PRECISION, CUDA_DEFAULT_PRECISION, DEMO_TARGET, DRAFT_CPU_DEFAULT_PRECISION, DRAFT_DEFAULT_PRECISION, ModelSpec
 from .demo_model import demo_gguf_path
 from .errors import ModelLoadError
 from .model_files import check_model_files
 from .paths import cache_dir
 from .runtime import ModelRuntime
+from .runtime import int8_kernel
 from .runtime import llamacpp_library
 from .runtime.device import resolve_device
 from .runtime.eagle3_head import Eagle3Head, check_fits_target, load_head

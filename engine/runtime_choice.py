@@ -3,9 +3,10 @@
 Without a measurement, "auto" is llama.cpp wherever the target has a GGUF file, at the
 runtime's own 8-bit default, except for the bundled demo target on a CPU where torch's
 native int8 forward was measured faster (`unmeasured_prefers_torch`). But what is fastest
-depends on the machine and the method: speculation pays only where a verify of many tokens costs about one step, and which runtime that is depends on
-the machine: on a GPU, the CUDA-graph torch runtime verifies 64 tokens for 1.3x a step while
-llama.cpp on the CPU pays 2.6x for 8. `tandem tune` (an offline tool) measures each runtime's
+depends on the machine and the method: speculation pays only where a verify of many tokens
+costs about one step, and which runtime that is depends on the machine: on a GPU, the
+CUDA-graph torch runtime verifies 64 tokens for 1.3x a step while llama.cpp on the CPU pays
+2.6x for 8. `tandem tune` (an offline tool) measures each runtime's
 costs for the pair on this machine, predicts each one's fastest method from them, measures
 that method there, and writes the winner here; a pair loaded with "auto" runtime and "auto"
 target precision then uses it.

@@ -238,9 +238,9 @@ class StaticTorchRuntime(ModelRuntime):
     """A torch model over a static KV cache; on CUDA each (token bucket, key window) forward
     is a CUDA graph (`graphs=False` runs the same static forward eagerly: the CPU tests
     check it against the eager runtime). On the CPU, forwards of up to the int8 kernel's rows
-    of a model `native_forward` runs go to that one C call instead. Without graphs, `compile` has torch.compile compile
-    the forward in the background (compiled_forward.py) once `start_background_work` is
-    called. Opened with `hidden_states`, it keeps the final-norm hidden states of the rows it
+    of a model `native_forward` runs go to that one C call instead. Without graphs, `compile`
+    has torch.compile compile the forward in the background (compiled_forward.py) once
+    `start_background_work` is called. Opened with `hidden_states`, it keeps the final-norm hidden states of the rows it
     returned logits for, a second output of the same graph."""
 
     def __init__(
