@@ -7,14 +7,17 @@
  *   rounded activations are stored shifted to unsigned (level + 128) and the shift is taken
  *   back as 128 * (the weight row's sum). The caller keeps those sums with the weight:
  *   computing them here was one more pass over the weight, 10% of a one-token forward.
- * - The weight stays in its row-major layout (no repacked copy): 16 rows at a time, one
- *   accumulator each, the same 64 bytes of an activation row against each row's next 64.
- *   A tree of unpacks and shuffles then turns the 16 accumulators into one vector whose lane r
- *   is row r's sum, so each 16 outputs cost ~30 instructions, not 16 horizontal sums.
- * - A block's 16 rows are read from memory once, by the first activation row; the other
- *   rows find them in L1/L2. For one token (two levels) the product reads the weights at
- *   about two thirds of the memory's speed (the rest is rounding and the per-call work); with
- *   more tokens it is bound by VPDPBUSD's throughput (docs/BENCHMARKS.md).
+ * - The weight stays in its row-major layout (no repacked copy), 16 rows a block. A token's
+ *   two levels are taken together, 8 rows at a time: each 64 bytes of a weight row loaded once
+ *   for both, 16 accumulators. A tree of unpacks and shuffles then turns the 16 accumulators
+ *   into one vector (lane r: accumulator r's sum), so 16 sums cost ~30 instructions, not 16
+ *   horizontal sums. Integer sums are exact: the order they are added in changes nothing.
+ * - A block's rows are read from memory once, by the first token; the other tokens find them
+ *   in L1. The first token's passes also fetch the next block into L2, a line for each weight
+ *   load, so the memory keeps streaming while a block is busy with the tokens after the first:
+ *   without it, an 8-token verify paid for its extra tokens' products and then waited for the
+ *   memory again at every block (a fetched block made the demo target's step 0.8x and a verify
+ *   of 2 to 8 tokens 0.85x of their time, docs/BENCHMARKS.md).
  * - Rounding inside the call, not in torch before it, saves the compiled graph its rounding
  *   kernels: at a few rows each costs about what its launch does.
  * - Built with -ffp-contract=off: a fused multiply-add would round differently from torch.
@@ -25,6 +28,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define ROWS 16
 #define CHUNK 64
@@ -47,22 +51,32 @@ static inline __m512i sum_lanes_16(const __m512i acc[ROWS]) {
                             _mm512_shuffle_i32x4(low, high, 0xDD));
 }
 
-/* Lane r: the unsigned bytes of `activations` times the signed bytes of rows[r], over k. */
-static inline __m512i dot_rows(const uint8_t *activations, const int8_t *const rows[ROWS],
-                               int64_t k) {
+/* Both levels of one token against the 16 rows at `rows` + r * stride, each weight load used
+ * twice: 8 rows at a time, 16 accumulators (lanes 0-7: level one of the 8 rows, 8-15: level
+ * two). Integer sums are exact, so the order they are added in changes nothing. */
+static inline __attribute__((always_inline)) __m512i dot_half(const uint8_t *first_level, const uint8_t *second_level,
+                                                              const int8_t *rows, int64_t stride, int64_t k, const int8_t *next) {
     __m512i acc[ROWS];
     for (int r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_si512();
     int64_t start = 0;
     for (; start + CHUNK <= k; start += CHUNK) {
-        __m512i x = _mm512_loadu_si512(activations + start);
-        for (int r = 0; r < ROWS; r++)
-            acc[r] = _mm512_dpbusd_epi32(acc[r], x, _mm512_loadu_si512(rows[r] + start));
+        __m512i x1 = _mm512_loadu_si512(first_level + start), x2 = _mm512_loadu_si512(second_level + start);
+        for (int r = 0; r < ROWS / 2; r++) {
+            if (next != NULL) _mm_prefetch((const char *)(next + r * stride + start), _MM_HINT_T1);
+            __m512i weight = _mm512_loadu_si512(rows + r * stride + start);
+            acc[r] = _mm512_dpbusd_epi32(acc[r], x1, weight);
+            acc[r + ROWS / 2] = _mm512_dpbusd_epi32(acc[r + ROWS / 2], x2, weight);
+        }
     }
-    if (start < k) { /* the last k % 64 bytes; masked-off bytes load as zero */
+    if (start < k) {
         __mmask64 tail = _bzhi_u64(~0ULL, (unsigned)(k - start));
-        __m512i x = _mm512_maskz_loadu_epi8(tail, activations + start);
-        for (int r = 0; r < ROWS; r++)
-            acc[r] = _mm512_dpbusd_epi32(acc[r], x, _mm512_maskz_loadu_epi8(tail, rows[r] + start));
+        __m512i x1 = _mm512_maskz_loadu_epi8(tail, first_level + start), x2 = _mm512_maskz_loadu_epi8(tail, second_level + start);
+        for (int r = 0; r < ROWS / 2; r++) {
+            if (next != NULL) _mm_prefetch((const char *)(next + r * stride + start), _MM_HINT_T1);
+            __m512i weight = _mm512_maskz_loadu_epi8(tail, rows + r * stride + start);
+            acc[r] = _mm512_dpbusd_epi32(acc[r], x1, weight);
+            acc[r + ROWS / 2] = _mm512_dpbusd_epi32(acc[r + ROWS / 2], x2, weight);
+        }
     }
     return sum_lanes_16(acc);
 }
@@ -132,9 +146,9 @@ int tandem_int8_product(const float *x, int64_t m, int64_t k, const int8_t *w, i
     uint8_t *levels = malloc((size_t)(2 * m) * padded); /* row i: levels 2i and 2i+1 */
     float *scales = malloc(sizeof(float) * 2 * m);
     float *leftover = malloc(sizeof(float) * k);
-    int8_t *zero_row = calloc((size_t)padded, 1); /* stands in for the rows past n */
-    if (levels == NULL || scales == NULL || leftover == NULL || zero_row == NULL) {
-        free(levels), free(scales), free(leftover), free(zero_row);
+    int failed = 0;
+    if (levels == NULL || scales == NULL || leftover == NULL) {
+        free(levels), free(scales), free(leftover);
         return -1;
     }
     for (int64_t i = 0; i < m; i++) {
@@ -146,19 +160,39 @@ int tandem_int8_product(const float *x, int64_t m, int64_t k, const int8_t *w, i
     for (int64_t block = 0; block < blocks; block++) {
         int64_t first = block * ROWS;
         int count = n - first < ROWS ? (int)(n - first) : ROWS;
-        const int8_t *rows[ROWS];
-        for (int r = 0; r < ROWS; r++) rows[r] = r < count ? w + (first + r) * w_stride : zero_row;
+        const int8_t *rows = w + first * w_stride;
+        int64_t stride = w_stride;
+        int8_t *last_rows = NULL;
+        if (count < ROWS) { /* the last rows, copied into zeros: every block is 16 rows */
+            last_rows = calloc((size_t)ROWS * padded, 1);
+            if (last_rows == NULL) {
+#pragma omp atomic write
+                failed = 1;
+                continue;
+            }
+            for (int r = 0; r < count; r++) memcpy(last_rows + r * padded, rows + r * w_stride, (size_t)k);
+            rows = last_rows, stride = padded;
+        }
+        const int8_t *next = first + 2 * ROWS <= n ? rows + ROWS * stride : NULL;
         __mmask16 lanes = (__mmask16)((1u << count) - 1);
         __m512i shift = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(lanes, row_sums + first), 7); /* 128 * row sums */
         for (int64_t i = 0; i < m; i++) {
-            __m512i sums = _mm512_sub_epi32(dot_rows(levels + 2 * i * padded, rows, k), shift);
-            __m512i left_sums = _mm512_sub_epi32(dot_rows(levels + (2 * i + 1) * padded, rows, k), shift);
+            const uint8_t *first_level = levels + 2 * i * padded, *second_level = first_level + padded;
+            /* rows 0-7 and 8-15, both levels each; the first token's passes fetch the next block
+             * (half of it in each) */
+            const int8_t *fetch = i == 0 ? next : NULL;
+            __m512i low = dot_half(first_level, second_level, rows, stride, k, fetch);
+            __m512i high = dot_half(first_level, second_level, rows + 8 * stride, stride, k, fetch == NULL ? NULL : fetch + 8 * stride);
+            /* level one: low's lanes 0-7 then high's 0-7; level two: their lanes 8-15 */
+            __m512i sums = _mm512_sub_epi32(_mm512_shuffle_i64x2(low, high, 0x44), shift);
+            __m512i left_sums = _mm512_sub_epi32(_mm512_shuffle_i64x2(low, high, 0xEE), shift);
             __m512 first_part = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(scales[2 * i]));
             __m512 second_part = _mm512_mul_ps(_mm512_cvtepi32_ps(left_sums), _mm512_set1_ps(scales[2 * i + 1]));
             __m512 product = _mm512_add_ps(first_part, second_part);
             _mm512_mask_storeu_ps(out + i * n + first, lanes, product);
         }
+        free(last_rows);
     }
-    free(levels), free(scales), free(leftover), free(zero_row);
-    return 0;
+    free(levels), free(scales), free(leftover);
+    return failed ? -1 : 0;
 }

@@ -15,6 +15,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from engine.runtime import int8_kernel
+from engine.runtime.cpu import cpu_flags
 from engine.runtime.int8_weights import quantise_weight_only
 from engine.runtime.native_forward import NATIVE_NAME, refusal
 from engine.runtime.torch_load import torch_runtime_factory, torch_runtime_name
@@ -25,6 +26,8 @@ from .test_torch_static import converse, random_tree
 
 pytestmark = pytest.mark.skipif(int8_kernel.unavailable_reason() is not None, reason="the int8 kernel cannot be built here")
 
+# Every kernel build this CPU can run (an AVX-512 CPU runs all three).
+RUNNABLE = [variant for variant in int8_kernel.VARIANTS if variant.needs <= cpu_flags()]
 VOCAB = 64
 RELATIVE = 2e-4
 SHAPE = {
@@ -41,6 +44,9 @@ MODELS = {
     "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE)),  # biases on q, k and v
     # an RMSNorm on each query and key head, and heads wider than hidden / heads
     "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=24)),
+    # heads of 96: on AVX-512 attention sums 64 value columns in registers and the other 32 in
+    # its plain loop
+    "llama-96-wide-heads": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE, head_dim=96)),
 }
 
 
@@ -93,7 +99,7 @@ def test_a_prompt_past_the_kernels_rows_is_read_by_torch_and_continued_natively(
         assert_close(native.forward([token]), torch_only.forward([token]))
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "llama-96-wide-heads"])
 def test_trees_after_a_long_context_see_what_they_should(kind):
     """Long enough that attention takes its cache rows in blocks of 16 (AVX-512) with a tail,
     and trees whose tokens sit inside a block each see only their own ancestors there."""
@@ -190,7 +196,7 @@ def test_on_a_kernel_build_never_measured_only_the_longer_forwards_are_compiled(
         runtime.close()
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "llama-96-wide-heads"])
 def test_a_verify_gives_each_token_the_bits_its_steps_give_it(kind):
     """Greedy speculation equals plain decoding only if a verified token gets the very logits
     its step would: the attention's ranges and 16-row blocks sit at fixed cache rows, and a
@@ -206,3 +212,40 @@ def test_a_verify_gives_each_token_the_bits_its_steps_give_it(kind):
     verified = verifying.forward(following, logits_wanted=len(following))
     stepped = torch.cat([stepping.forward([token]) for token in following])
     assert verifying.native is not None and torch.equal(verified, stepped)
+
+
+@pytest.mark.parametrize("variant", RUNNABLE, ids=lambda variant: variant.name)
+def test_every_kernel_build_runs_the_native_forward(variant, monkeypatch):
+    """The AVX2 builds compile the forward without AVX-512: plain loops and libm's expf."""
+    for name, value in (("_tried", False), ("_library", None), ("_reason", None), ("_variant", None)):
+        monkeypatch.setattr(int8_kernel, name, value)
+    monkeypatch.setattr(int8_kernel, "cpu_flags", lambda: variant.needs)
+    assert int8_kernel.variant_name() == variant.name
+    rng = random.Random(13)
+    runtimes = pair_of_runtimes(int8_model("llama-96-wide-heads", 13))
+    context = [rng.randrange(VOCAB) for _ in range(40)]
+    assert close(*[runtime.forward(context, logits_wanted=3) for runtime in runtimes])
+    converse(rng, runtimes, context, rounds=4, same=close)
+
+
+@pytest.mark.parametrize("variant", RUNNABLE, ids=lambda variant: variant.name)
+def test_the_forwards_exponential_is_within_two_ulp_of_the_true_one(variant, monkeypatch):
+    """Softmax and SiLU take e^x from a vector polynomial on AVX-512 (libm's expf elsewhere): a
+    wrong coefficient or range reduction is off by more than the logits' tolerance can see."""
+    for name, value in (("_tried", False), ("_library", None), ("_reason", None), ("_variant", None)):
+        monkeypatch.setattr(int8_kernel, name, value)
+    monkeypatch.setattr(int8_kernel, "cpu_flags", lambda: variant.needs)
+    library = int8_kernel.loaded_library()
+    x = torch.cat([torch.linspace(-103.0, 88.0, 200_003), torch.randn(10_000) * 3,
+                   torch.tensor([0.0, -0.0, 88.72, -87.33, 1e-8, -1e-8])])
+    out = torch.empty_like(x)
+    library.tandem_exp(x.data_ptr(), x.numel(), out.data_ptr())
+    true = torch.exp(x.double())
+    ulp = (torch.nextafter(true.float(), torch.tensor(float("inf"))) - true.float()).double()
+    normal = true > 1.2e-38  # below, float32 has fewer bits: compared absolutely
+    assert ((out.double() - true).abs()[normal] <= 2.0 * ulp[normal]).all()
+    assert ((out.double() - true).abs()[~normal] <= 2e-45).all()
+    specials = torch.tensor([float("-inf"), float("inf"), float("nan"), -200.0, 200.0])
+    out = torch.empty_like(specials)
+    library.tandem_exp(specials.data_ptr(), specials.numel(), out.data_ptr())
+    assert out[0] == 0 and out[1] == float("inf") and out[2].isnan() and out[3] == 0 and out[4] == float("inf")
