@@ -8,8 +8,9 @@ In C that machinery is gone, and no compile is needed for it: the forward runs a
 from the first token (docs/BENCHMARKS.md, "A native forward").
 
 What it runs: the forward `torch_static.StaticCacheForward` runs, over the same KV cache
-tensors, so the two can take turns within a conversation (this one for steps and verifies,
-the torch one for prompt chunks past the kernel's row count). Its products are the very
+tensors, so the two can take turns within a conversation. On a kernel build it was measured
+with, this one runs every forward, prompts included (in pieces of PROMPT_ROWS tokens); on
+others, steps and verifies, and the torch one prompt chunks past the kernel's row count. Its products are the very
 floats of the torch forward's; the norms, rotary embedding and attention are summed in
 another order, so logits agree to float32 rounding (tests: against the eager forward, chains,
 trees and features).
@@ -31,6 +32,10 @@ from .static_families import recipe_for, static_refusal
 NATIVE_NAME = "torch (native int8 forward)"  # the runtime's name where it runs
 # The kernel builds the native forward was measured faster with than llama.cpp (docs/BENCHMARKS.md).
 MEASURED_VARIANTS = {"AVX-512 VNNI"}
+# On those builds prompts run here too, in pieces of this many tokens (the static runtime's
+# widest bucket): the demo target read prompts of 24-1,000 tokens 1.6-2.6x faster so than in
+# eager torch, and pieces of 64 beat 16 and 32 (docs/BENCHMARKS.md).
+PROMPT_ROWS = 64
 NATIVE_RECIPES = {"Llama", "Mistral", "Qwen2", "Qwen3"}
 NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
 
@@ -142,14 +147,15 @@ def _int8(layer: Int8Linear, keep: list) -> _Int8:
 
 
 class NativeForward:
-    """Runs `forward`'s model over `forward`'s cache in C for up to `most_tokens` tokens."""
+    """Runs `forward`'s model over `forward`'s cache in C for up to `most_tokens` tokens: a
+    prompt's piece where the build was measured, else the kernel's own row count."""
 
     def __init__(self, forward):
         model, config = forward.model, forward.model.config
         decoder = model.model
         attention = decoder.layers[0].self_attn
         self.library = int8_kernel.loaded_library()
-        self.most_tokens = int8_kernel.most_tokens()
+        self.most_tokens = PROMPT_ROWS if measured_here() else int8_kernel.most_tokens()
         self.feature_layers = forward.feature_layers
         if any(not 0 <= layer < len(decoder.layers) for layer in self.feature_layers):
             raise ValueError(f"feature layers {list(self.feature_layers)} outside the model's {len(decoder.layers)}")

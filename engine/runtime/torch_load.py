@@ -141,10 +141,10 @@ def captures_graphs(model: PreTrainedModel, device: torch.device) -> bool:
 def compiles_on_cpu(model: PreTrainedModel, device: torch.device, compile: bool) -> bool:
     """On the CPU, a model the static runtime can run is compiled in the background when the
     pair allows it (compiled_forward.py); TANDEM_COMPILE=0 keeps the eager runtime. Not one
-    that runs natively on a kernel build it was measured with: its steps and verifies are
-    faster in C than compiled, and its prompt chunks read as fast eagerly as the native
-    forward reads them (docs/BENCHMARKS.md), so the compile's minutes of both cores would buy
-    nothing. On other builds the forwards past the native forward's rows are compiled."""
+    that runs natively on a kernel build it was measured with: every forward of it, prompts
+    included, runs in C, faster than compiled (docs/BENCHMARKS.md), so the compile's minutes
+    of both cores would buy nothing. On other builds the forwards past the native forward's
+    rows are compiled."""
     natively_measured = runs_natively(model, device) and measured_here()
     return device.type == "cpu" and compile_allowed(compile) and runs_static(model) and not natively_measured
 

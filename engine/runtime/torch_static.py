@@ -259,8 +259,9 @@ class StaticTorchRuntime(ModelRuntime):
         rows = SCRATCH_ROWS + capacity
         self.windows = _windows(rows)
         self.forward_pass: StaticCacheForward | None = StaticCacheForward(model, rows, device, self.feature_layers)  # None once closed
-        # On the CPU, steps and verifies of int8 Llama-layout models run in one C call
-        # (native_forward.py); longer forwards (prompt chunks) and every other model run in torch.
+        # On the CPU, int8 Llama-layout models run in one C call (native_forward.py): every
+        # forward on a measured kernel build, else steps and verifies; the rest, and every other
+        # model, run in torch.
         # (`native=False` keeps every forward in torch: the tests of the torch path)
         self.native: NativeForward | None = None if self.graphs_enabled or not native else native_forward(self.forward_pass)
         if self.native is not None:
@@ -347,7 +348,7 @@ class StaticTorchRuntime(ModelRuntime):
         for begin in range(0, count, widest):
             end = min(begin + widest, count)
             chunk_visible = visible[begin:end, : start + end]
-            wanted_from = max(first_wanted - begin, 0)  # the chunk's first row whose logits are wanted
+            wanted_from = min(max(first_wanted - begin, 0), end - begin)  # the chunk's first row whose logits are wanted
             pieces.append(self._run_chunk(new_ids[begin:end], positions[begin:end], start + begin, chunk_visible, wanted_from))
         logits, hidden, features = zip(*pieces)
         if self.returns_hidden:

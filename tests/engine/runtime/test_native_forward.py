@@ -17,7 +17,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from engine.runtime import int8_kernel
 from engine.runtime.cpu import cpu_flags
 from engine.runtime.int8_weights import quantise_weight_only
-from engine.runtime.native_forward import NATIVE_NAME, refusal
+from engine.runtime import native_forward
+from engine.runtime.native_forward import NATIVE_NAME, PROMPT_ROWS, NativeForward, refusal
 from engine.runtime.torch_load import torch_runtime_factory, torch_runtime_name
 from engine.runtime.torch_static import StaticTorchRuntime
 from engine.tree import forward_tree, keep_path
@@ -90,13 +91,20 @@ def test_native_forward_gives_the_torch_logits_through_chains_trees_and_kept_pat
     converse(rng, runtimes, context, rounds=6, same=close)
 
 
-def test_a_prompt_past_the_kernels_rows_is_read_by_torch_and_continued_natively():
-    model = int8_model("llama", 3)
-    native, torch_only = pair_of_runtimes(model)
-    prompt = [random.Random(3).randrange(VOCAB) for _ in range(int8_kernel.most_tokens() * 3 + 5)]
+@pytest.mark.parametrize("measured", [True, False], ids=["measured build", "build never measured"])
+def test_prompts_run_natively_where_measured_and_past_the_kernels_rows_in_torch_elsewhere(measured, monkeypatch):
+    monkeypatch.setattr(native_forward, "measured_here", lambda: measured)
+    calls = []
+    original = NativeForward.__call__
+    monkeypatch.setattr(NativeForward, "__call__", lambda self, ids, *rest: calls.append(len(ids)) or original(self, ids, *rest))
+    native, torch_only = pair_of_runtimes(int8_model("llama", 3))
+    assert native.native.most_tokens == (PROMPT_ROWS if measured else int8_kernel.most_tokens())
+    prompt = [random.Random(3).randrange(VOCAB) for _ in range(150)]
     assert_close(native.forward(prompt, logits_wanted=2), torch_only.forward(prompt, logits_wanted=2))
-    for token in (5, 17, 40):  # steps: native over the keys torch wrote
+    assert calls == ([64, 64, 22] if measured else [])  # elsewhere pieces past 16 tokens: torch's
+    for token in (5, 17, 40):  # steps: native over the keys either forward wrote
         assert_close(native.forward([token]), torch_only.forward([token]))
+    assert calls[-3:] == [1, 1, 1]
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "llama-96-wide-heads"])
@@ -186,6 +194,7 @@ def test_on_a_kernel_build_never_measured_only_the_longer_forwards_are_compiled(
 
     model = int8_model("llama", 8)
     monkeypatch.setattr(torch_load, "measured_here", lambda: False)
+    monkeypatch.setattr(native_forward, "measured_here", lambda: False)
     monkeypatch.setenv("TANDEM_COMPILE", "1")  # the tests' default is off; nothing is compiled before start_background_work
     runtime = torch_load.torch_runtime_factory(model, torch.device("cpu"), 200, compile=True)(False)
     try:
