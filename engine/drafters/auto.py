@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from ..runtime import ModelRuntime
@@ -30,7 +32,8 @@ PLAIN = "ar"
 TRIAL_ROUNDS = 6  # rounds each candidate runs before the fastest is trusted
 EXPLORE_SHARE = 0.01  # then the runner-up's rounds get at most this share of the decoding time
 SMOOTHING = 0.1  # weight of the newest round in a candidate's average
-SAVE_EVERY = 16  # rounds between writes of the record
+SAVE_EVERY = 16  # rounds between writes of the record,
+SAVE_INTERVAL_S = 2.0  # and seconds: a write costs ~0.4 ms, a tenth of a 4 ms round of the demo target
 # A round whose models first read more than this many tokens (a long prompt that a draft model
 # skipped while another candidate ran) says nothing about its candidate's speed: ~1.2 s of
 # reading an 1,800-token prompt, counted, sank a candidate's average for good.
@@ -50,6 +53,7 @@ class SpeedRecord:
     rounds: dict[str, int] = field(default_factory=dict)
     decoding_seconds: float = 0.0
     exploring_seconds: float = 0.0
+    _saved_at: float = field(default=-math.inf, repr=False, compare=False)  # time.monotonic() of the last write
 
     @classmethod
     def load(cls, path: Path) -> SpeedRecord:
@@ -77,12 +81,14 @@ class SpeedRecord:
             old = averages.get(name)
             averages[name] = value if old is None else (1 - SMOOTHING) * old + SMOOTHING * value
         self.rounds[name] = self.rounds.get(name, 0) + 1
-        if self.path is not None and sum(self.rounds.values()) % SAVE_EVERY == 0:
+        if (self.path is not None and sum(self.rounds.values()) % SAVE_EVERY == 0
+                and time.monotonic() - self._saved_at >= SAVE_INTERVAL_S):
             self.save()
 
     def save(self) -> None:
         if self.path is None:
             return
+        self._saved_at = time.monotonic()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_suffix(".partial")
         data = {

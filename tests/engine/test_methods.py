@@ -133,6 +133,9 @@ def test_the_speed_record_survives_a_restart_and_a_damaged_one_starts_afresh(tmp
     reloaded = SpeedRecord.load(path)
     assert reloaded.rounds["tree"] == 16 and reloaded.seconds_per_token["tree"] == pytest.approx(0.02 / 3)
     assert reloaded.exploring_seconds == reloaded.decoding_seconds == pytest.approx(0.32)
+    for _ in range(16):  # written every 16 rounds, but not twice within SAVE_INTERVAL_S
+        record.add("tree", 0.02, 3)
+    assert SpeedRecord.load(path).rounds["tree"] == 16
     path.write_text("{ damaged")
     assert SpeedRecord.load(path).rounds == {}
 
