@@ -1,0 +1,97 @@
+"""Two builds of the native forward over the same loaded demo target, call by call in one
+process: the C sources of a git revision (BEFORE) against the working tree's (issue 21).
+
+Runs on this machine drift by ±15% minutes apart, more than a kernel change is worth, so both
+libraries are built here with the flags the runtime uses and the runtime's forward switches
+between them call by call: a forward of k tokens after CONTEXT cached tokens, every logit
+row wanted, median of REPEATS each. Also prints how far apart the two builds' logits are
+(the same argmax expected; the floats differ where the arithmetic changed), and how long each
+reads a prompt in pieces of 64 tokens.
+
+  .venv/bin/python docs/bench/native_forward_ab.py BEFORE [TOKENS ...]
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from engine.pairs import find_pair
+from engine.round import time_verify
+from engine.runtime import int8_kernel
+from engine.session import load_pair
+
+REPEATS = 31
+CONTEXT = 200
+SOURCES = ("engine/runtime/int8_matmul.c", "engine/runtime/decoder_forward.c")
+
+
+def build(sources: list[Path], out: Path) -> ctypes.CDLL:
+    variant = int8_kernel.variant_for(int8_kernel.cpu_flags())
+    subprocess.run(["gcc", *int8_kernel._COMMON_FLAGS, *variant.flags, "-o", str(out), *map(str, sources), "-lm"], check=True)
+    library = ctypes.CDLL(str(out))
+    forward = library.tandem_decoder_forward  # the argument types int8_kernel._load gives it
+    forward.argtypes = int8_kernel.loaded_library().tandem_decoder_forward.argtypes
+    forward.restype = ctypes.c_int
+    return library
+
+
+def main() -> None:
+    before, tokens = sys.argv[1], [int(count) for count in sys.argv[2:]] or [1, 2, 3, 4, 8, 16]
+    pair = load_pair(dataclasses.replace(find_pair("demo"), draft=None, runtime="torch"), lambda message, fraction: None)
+    target = pair.target_runner
+    print(f"runtime: {target.name}, kernel: {int8_kernel.variant_name()}")
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        old_sources = []
+        for source in SOURCES:
+            path = folder / Path(source).name
+            path.write_bytes(subprocess.run(["git", "show", f"{before}:{source}"], capture_output=True, check=True).stdout)
+            old_sources.append(path)
+        libraries = {"before": build(old_sources, folder / "before.so"), "after": build([Path(source) for source in SOURCES], folder / "after.so")}
+        context = [1000 + (i * 7) % 5000 for i in range(CONTEXT)]
+        for count in tokens:
+            logits = {}
+            for name, library in libraries.items():
+                target.native.library = library
+                target.catch_up(context)
+                logits[name] = target.logits_for(context, [context[-1]] * (count - 1)).clone()
+                target.crop(len(context) - 1)
+            apart = float((logits["before"] - logits["after"]).abs().max())
+            same = bool((logits["before"].argmax(-1) == logits["after"].argmax(-1)).all())
+            times: dict[str, list[float]] = {name: [] for name in libraries}
+            for _ in range(REPEATS):
+                for name, library in libraries.items():
+                    target.native.library = library
+                    times[name].append(1000 * time_verify(target, context, count))
+            medians = {name: statistics.median(values) for name, values in times.items()}
+            print(f"{count:2d} tokens: before {medians['before']:6.2f} ms, after {medians['after']:6.2f} ms "
+                  f"(after/before {medians['after'] / medians['before']:.3f}); logits at most {apart:.3g} apart, same argmax: {same}",
+                  flush=True)
+        # A prompt: natively in pieces of 64 with either build, and as before this change, in
+        # eager torch past the kernel's 16 rows.
+        prompt = [1000 + (i * 7) % 5000 for i in range(400)]
+        natively = target.native.most_tokens
+        for name, library, most in (("before", libraries["before"], natively), ("after", libraries["after"], natively),
+                                    ("eager torch past 16 tokens", libraries["after"], int8_kernel.most_tokens())):
+            target.native.library, target.native.most_tokens = library, most
+
+            def read() -> float:
+                target.reset()
+                started = time.perf_counter()
+                target.forward(prompt, logits_wanted=1)
+                return time.perf_counter() - started
+
+            read()
+            print(f"{name}: a {len(prompt)}-token prompt in {1000 * statistics.median(read() for _ in range(5)):.0f} ms")
+        target.native.most_tokens = natively
+    pair.close()
+
+
+if __name__ == "__main__":
+    main()
