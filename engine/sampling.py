@@ -44,8 +44,23 @@ class Sampler:
     def pick(self, logits: torch.Tensor) -> int:
         """The next token from (V,) logits: argmax when greedy, else a draw."""
         if self.greedy:
-            return int(torch.argmax(logits))
+            return best_token(logits)
         return self.draw(self.probabilities(logits[None])[0])
+
+
+def best_tokens(logits: torch.Tensor) -> list[int]:
+    """The argmax of each row of (n, V) logits: the first on a tie, a NaN counted the largest,
+    as torch.argmax gives it. float32 CPU logits go through numpy: torch.argmax took ~87 µs
+    over the demo's 49,152 logits, numpy ~4 µs, and a greedy round takes one for the target's
+    rows and one per drafted token, against a 3.4 ms step of the demo target."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return logits.detach().numpy().argmax(axis=-1).tolist()
+    return torch.argmax(logits, dim=-1).tolist()
+
+
+def best_token(logits: torch.Tensor) -> int:
+    """best_tokens of one (V,) row."""
+    return best_tokens(logits[None])[0]
 
 
 def _keep_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:

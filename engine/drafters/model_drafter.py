@@ -8,7 +8,7 @@ from typing import Protocol
 import torch
 
 from ..runtime import ModelRuntime
-from ..sampling import Sampler
+from ..sampling import Sampler, best_token
 from .base import ChainDrafter, Proposal
 
 
@@ -51,7 +51,7 @@ class ModelDrafter(ChainDrafter):
         for step in range(max_tokens):
             # A greedy draft without a stop rule needs no distribution: skip the softmax.
             probs = draft_distribution(logits, sampler) if stop is not None or not sampler.greedy else None
-            token = int(torch.argmax(logits)) if sampler.greedy else sampler.draw(probs)
+            token = best_token(logits) if sampler.greedy else sampler.draw(probs)
             if not sampler.greedy:
                 rows.append(probs)
             tokens.append(token)

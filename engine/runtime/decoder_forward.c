@@ -283,9 +283,9 @@ static void attend_range(const Attention *a, int64_t g, const float *keys, const
             }
         }
     }
-    /* and the weights' sums */
+    /* and the weights' sums: for every query, so that a range whose seen scores are all NaN or
+     * -inf (a broken model) leaves a NaN for merge_ranges, as torch's softmax would */
     for (int64_t q = 0; q < queries; q++) {
-        if (largest[q] == -INFINITY) continue;
         const uint8_t *seen = a->visible + (q / groups) * a->visible_stride;
         float sum = 0.0f; /* in a register: total[q] may alias what the loop reads */
         for (int64_t s = begin; s < end; s++)

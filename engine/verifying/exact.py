@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..sampling import Sampler
+from ..sampling import Sampler, best_tokens
 from ..tree import TokenTree, TreeVerdict
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class Verdict:
 
 def verify_greedy(draft_tokens: list[int], target_logits: torch.Tensor) -> Verdict:
     """Keep draft tokens while they equal the target's argmax; then add the target's argmax."""
-    target_best = torch.argmax(target_logits, dim=-1).tolist()  # (K+1,)
+    target_best = best_tokens(target_logits)  # (K+1,)
     accepted = 0
     while accepted < len(draft_tokens) and draft_tokens[accepted] == target_best[accepted]:
         accepted += 1
@@ -114,7 +114,7 @@ def _residual(target_row: torch.Tensor, draft_row: torch.Tensor, weight: float) 
 def verify_tree_greedy(tree: TokenTree, target_logits: torch.Tensor) -> TreeVerdict:
     """From the root, follow the child whose token is the target's argmax; when no child
     matches, that argmax is the next token. The output is the target's own greedy output."""
-    best = torch.argmax(target_logits, dim=-1).tolist()
+    best = best_tokens(target_logits)
     return _walk(tree, lambda node: best[node])
 
 

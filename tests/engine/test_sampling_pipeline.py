@@ -91,3 +91,16 @@ def test_a_draft_that_misreports_its_distribution_is_caught():
     counts, expected = first_two_tokens(LyingDrafter, "block", seed=5)
     statistic, df = chi_square(counts, expected, SAMPLES)
     assert statistic > critical_value(df), f"a lying draft passed: chi-square {statistic:.1f} on {df} df"
+
+
+def test_the_greedy_token_is_torch_argmax_on_ties_nans_and_views():
+    from engine.sampling import best_token, best_tokens
+
+    generator = torch.Generator().manual_seed(5)
+    rows = torch.randint(-3, 4, (64, 300), generator=generator).float()  # many ties per row
+    rows[3, 17] = float("nan")  # counted the largest, as torch.argmax counts it
+    rows[5, :] = float("-inf")
+    for logits in (rows, rows[:, ::2], rows.t().contiguous().t(), rows.to(torch.bfloat16), rows.double()):
+        assert best_tokens(logits) == torch.argmax(logits, dim=-1).tolist()
+        assert [best_token(row) for row in logits] == best_tokens(logits)
+    assert best_tokens(rows)[3] == 17
