@@ -5,6 +5,7 @@ tokens were sampled from, so the target and every drafter go through this one fu
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -34,9 +35,21 @@ class Sampler:
         return torch.softmax(scores, dim=-1)
 
     def draw(self, probs: torch.Tensor) -> int:
-        """One token from a (V,) distribution."""
+        """One token from (V,) non-negative weights (they need not sum to 1): the first token
+        whose running total passes a uniform draw times the total. torch.multinomial took
+        1.2 ms for one draw over the demo's 49,152 tokens, a third of its 3.4 ms step on the
+        CPU; this takes ~0.07 ms. A token of weight 0 is never drawn."""
         # On the CPU, where the generator lives, whatever device the distribution came from.
-        return int(torch.multinomial(probs.cpu(), 1, generator=self.generator))
+        weights = probs.detach().cpu().double()
+        running = torch.cumsum(weights, dim=0)
+        total = float(running[-1])
+        if not (0 < total < math.inf) or bool((weights < 0).any()):
+            raise ValueError("cannot draw a token: the distribution has a negative, infinite or NaN weight, or none above 0")
+        point = torch.tensor([self.uniform() * total], dtype=torch.float64)
+        token = int(torch.searchsorted(running, point, right=True))
+        if token >= len(weights):  # the draw rounded up to the total: the last token with weight
+            token = int(torch.nonzero(weights)[-1])
+        return token
 
     def uniform(self) -> float:
         return float(torch.rand((), generator=self.generator, dtype=torch.float64))
@@ -64,13 +77,23 @@ def best_token(logits: torch.Tensor) -> int:
 
 
 def _keep_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Mask all but the smallest set of best tokens whose probability reaches top_p."""
-    sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
-    sorted_probs = torch.softmax(sorted_scores, dim=-1)
-    # Drop a token when the tokens before it already reach top_p; the best token always stays.
-    drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return scores.masked_fill(drop, float("-inf"))
+    """Mask all but the smallest set of best tokens whose probability reaches top_p.
+
+    The best tokens are found by topk of a growing k rather than by sorting the vocabulary:
+    a descending sort of the demo's 49,152 scores took 3.7 ms, four times topk's and more than
+    the target's step, for every sampled token and every node of a verified tree. A nucleus
+    is rarely wider than a few dozen tokens."""
+    width = scores.shape[-1]
+    normaliser = torch.logsumexp(scores, dim=-1, keepdim=True)
+    for k in (64, 1024, width):
+        best_scores, best_ids = torch.topk(scores, min(k, width), dim=-1)  # best first
+        best_probs = torch.exp(best_scores - normaliser)
+        # A token stays while the better tokens before it have not yet reached top_p; the best always stays.
+        keep_best = (best_probs.cumsum(dim=-1) - best_probs) < top_p
+        if k >= width or not bool(keep_best[..., -1].any()):  # every row's nucleus ends within these k
+            keep = torch.zeros_like(scores, dtype=torch.bool).scatter(-1, best_ids, keep_best)
+            return scores.masked_fill(~keep, float("-inf"))
+    raise AssertionError("unreachable: the last k is the whole vocabulary")
 
 
 def one_hot_rows(tokens: list[int], vocab_size: int) -> torch.Tensor:

@@ -104,3 +104,50 @@ def test_the_greedy_token_is_torch_argmax_on_ties_nans_and_views():
         assert best_tokens(logits) == torch.argmax(logits, dim=-1).tolist()
         assert [best_token(row) for row in logits] == best_tokens(logits)
     assert best_tokens(rows)[3] == 17
+
+
+def test_a_draw_follows_the_weights_and_never_picks_a_token_of_weight_zero():
+    from engine.sampling import Sampler
+
+    weights = torch.tensor([0.0, 0.1, 0.0, 0.6, 0.3, 0.0, 0.0])  # unnormalised is fine: scaled by 2 below
+    sampler = Sampler(1.0, 0, 1.0, torch.Generator().manual_seed(3))
+    draws = 30_000
+    counts = torch.bincount(torch.tensor([sampler.draw(2 * weights) for _ in range(draws)]), minlength=len(weights)).double()
+    assert counts[weights == 0].sum() == 0
+    expected = weights[weights > 0].double() * draws
+    chi_square = float(((counts[weights > 0] - expected) ** 2 / expected).sum())
+    assert chi_square < 13.8  # 2 degrees of freedom, p = 0.001; drawing 0.1/0.6/0.3 as 0.2/0.5/0.3 scores ~700
+
+    class LastDraw(Sampler):
+        def uniform(self) -> float:  # the largest double below 1: the scaled point may round up to the total
+            return 1.0 - 2.0 ** -53
+
+    class FirstDraw(Sampler):
+        def uniform(self) -> float:
+            return 0.0
+
+    assert LastDraw(1.0, 0, 1.0, None).draw(torch.tensor([0.3, 0.7, 0.0, 0.0])) == 1
+    assert FirstDraw(1.0, 0, 1.0, None).draw(torch.tensor([0.0, 0.0, 0.4, 0.6])) == 2
+    for broken in ([0.5, float("nan")], [0.5, -0.1, 0.6], [0.0, 0.0], [1.0, float("inf")]):
+        with pytest.raises(ValueError, match="cannot draw a token"):
+            sampler.draw(torch.tensor(broken))
+
+
+@pytest.mark.parametrize("top_p", [0.2, 0.9, 0.999])
+def test_top_p_keeps_the_smallest_set_of_best_tokens_that_reaches_it(top_p):
+    """Rows of different temperatures in one batch: nuclei of a few tokens to tens of
+    thousands, so every width the search grows through is taken. Kept are the best tokens
+    (nothing better is dropped), they reach top_p, and without the weakest of them they do not
+    (to float32 rounding of the running sums)."""
+    from engine.sampling import _keep_top_p
+
+    generator = torch.Generator().manual_seed(int(top_p * 1000))
+    scores = torch.randn(4, 49_152, generator=generator) * torch.tensor([[8.0], [3.0], [1.0], [0.3]])
+    kept = ~torch.isinf(_keep_top_p(scores, top_p))
+    probs = torch.softmax(scores.double(), dim=-1)
+    for row in range(len(scores)):
+        mine = probs[row][kept[row]]
+        dropped = probs[row][~kept[row]]
+        assert len(dropped) == 0 or float(dropped.max()) <= float(mine.min())  # the best ones
+        assert float(mine.sum()) >= top_p - 1e-5
+        assert float(mine.sum() - mine.min()) < top_p + 1e-5
