@@ -340,9 +340,9 @@ def _gguf_path(spec: ModelSpec) -> Path | None:
     return path
 
 
-# How long converting the demo GGUF for torch takes: ~8 s on the 2-core development CPU
+# How long converting the demo GGUF for torch takes: 4.6-5.5 s on the 2-core development CPU
 # (torch_load._gguf_metadata_read_once); a first start waits for it, so the loading line says so.
-DEMO_CONVERSION_ESTIMATE = "about 10 s"
+DEMO_CONVERSION_ESTIMATE = "about 6 s"
 
 
 def _conversion_message(spec: ModelSpec, gguf: Path) -> str:

@@ -128,7 +128,10 @@ def test_corrupt_gguf_is_reported_and_leaves_no_cache(tmp_path):
     assert not list((cache_dir() / "models").glob(".x-*"))
     # the conversion's caching wrappers are gone again, after a failure too
     import gguf
+    import gguf.gguf_reader
+    import numpy
     assert isinstance(gguf.GGUFReader, type) and not hasattr(gguf.get_tensor_name_map, "cache_info")
+    assert gguf.gguf_reader.np is numpy
 
 
 def test_folder_without_config_is_reported(tmp_path):
