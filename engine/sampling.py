@@ -81,8 +81,8 @@ def _keep_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
 
     The best tokens are found by topk of a growing k rather than by sorting the vocabulary:
     a descending sort of the demo's 49,152 scores took 3.7 ms, four times topk's and more than
-    the target's step, for every sampled token and every node of a verified tree. A nucleus
-    is rarely wider than a few dozen tokens."""
+    the target's step, for every sampled token and every node of a verified tree. A language
+    model's nucleus is mostly a few dozen tokens; a flat one takes the wider searches."""
     width = scores.shape[-1]
     normaliser = torch.logsumexp(scores, dim=-1, keepdim=True)
     for k in (64, 1024, width):

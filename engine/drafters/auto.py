@@ -32,8 +32,10 @@ PLAIN = "ar"
 TRIAL_ROUNDS = 6  # rounds each candidate runs before the fastest is trusted
 EXPLORE_SHARE = 0.01  # then the runner-up's rounds get at most this share of the decoding time
 SMOOTHING = 0.1  # weight of the newest round in a candidate's average
-SAVE_EVERY = 16  # rounds between writes of the record,
-SAVE_INTERVAL_S = 2.0  # and seconds: a write costs ~0.4 ms, a tenth of a 4 ms round of the demo target
+# The record is written every SAVE_EVERY rounds, at most once in SAVE_INTERVAL_S: a write costs
+# ~0.4 ms, a tenth of a round of the demo target on the CPU's native forward.
+SAVE_EVERY = 16
+SAVE_INTERVAL_S = 2.0
 # A round whose models first read more than this many tokens (a long prompt that a draft model
 # skipped while another candidate ran) says nothing about its candidate's speed: ~1.2 s of
 # reading an 1,800-token prompt, counted, sank a candidate's average for good.

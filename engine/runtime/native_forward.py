@@ -10,10 +10,10 @@ from the first token (docs/BENCHMARKS.md, "A native forward").
 What it runs: the forward `torch_static.StaticCacheForward` runs, over the same KV cache
 tensors, so the two can take turns within a conversation. On a kernel build it was measured
 with, this one runs every forward, prompts included (in pieces of PROMPT_ROWS tokens); on
-others, steps and verifies, and the torch one prompt chunks past the kernel's row count. Its products are the very
-floats of the torch forward's; the norms, rotary embedding and attention are summed in
-another order, so logits agree to float32 rounding (tests: against the eager forward, chains,
-trees and features).
+others, steps and verifies, and the torch one prompt chunks past the kernel's row count.
+Its products are the very floats of the torch forward's; the norms, rotary embedding and
+attention are summed in another order, so logits agree to float32 rounding (tests: against
+the eager forward, chains, trees and features).
 
 Which models: Llama, Mistral, Qwen2 and Qwen3 layouts (plain RMSNorm, Qwen3's on each query
 and key head too, SiLU MLP, full rotary heads, no sliding windows in use) whose every projection is an int8 layer (`int8_weights`), in
@@ -33,7 +33,7 @@ NATIVE_NAME = "torch (native int8 forward)"  # the runtime's name where it runs
 # The kernel builds the native forward was measured faster with than llama.cpp (docs/BENCHMARKS.md).
 MEASURED_VARIANTS = {"AVX-512 VNNI"}
 # On those builds prompts run here too, in pieces of this many tokens (the static runtime's
-# widest bucket): the demo target read prompts of 24-1,000 tokens 1.6-2.6x faster so than in
+# widest bucket): the demo target read prompts of 24-1,000 tokens 1.6-2.6x faster than in
 # eager torch, and pieces of 64 beat 16 and 32 (docs/BENCHMARKS.md).
 PROMPT_ROWS = 64
 NATIVE_RECIPES = {"Llama", "Mistral", "Qwen2", "Qwen3"}
