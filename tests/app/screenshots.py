@@ -250,7 +250,7 @@ def first_start(app: QApplication) -> None:
     window = open_window(app)
     window.resize(1200, 720)
     try:
-        wait_until(app, lambda: window.load_label.text().startswith("Converting") and seconds_shown(window) >= 6, 120)
+        wait_until(app, lambda: window.load_label.text().startswith("Converting") and seconds_shown(window) >= 2, 120)
         save(window, "first-start-converting.png")
         wait_until(app, lambda: window.client.pair is not None, 300)
         save(window.statusBar(), "first-start-ready.png")

@@ -223,13 +223,19 @@ def test_a_verify_gives_each_token_the_bits_its_steps_give_it(kind):
     assert verifying.native is not None and torch.equal(verified, stepped)
 
 
-@pytest.mark.parametrize("variant", RUNNABLE, ids=lambda variant: variant.name)
-def test_every_kernel_build_runs_the_native_forward(variant, monkeypatch):
-    """The AVX2 builds compile the forward without AVX-512: plain loops and libm's expf."""
+@pytest.fixture(params=RUNNABLE, ids=lambda variant: variant.name)
+def each_build(request, monkeypatch: pytest.MonkeyPatch) -> int8_kernel.Variant:
+    """The kernel library as a CPU with only this variant's features builds it, loaded afresh."""
+    variant = request.param
     for name, value in (("_tried", False), ("_library", None), ("_reason", None), ("_variant", None)):
         monkeypatch.setattr(int8_kernel, name, value)
     monkeypatch.setattr(int8_kernel, "cpu_flags", lambda: variant.needs)
-    assert int8_kernel.variant_name() == variant.name
+    return variant
+
+
+def test_every_kernel_build_runs_the_native_forward(each_build):
+    """The AVX2 builds compile the forward without AVX-512: plain loops and libm's expf."""
+    assert int8_kernel.variant_name() == each_build.name
     rng = random.Random(13)
     runtimes = pair_of_runtimes(int8_model("llama-96-wide-heads", 13))
     context = [rng.randrange(VOCAB) for _ in range(40)]
@@ -237,13 +243,9 @@ def test_every_kernel_build_runs_the_native_forward(variant, monkeypatch):
     converse(rng, runtimes, context, rounds=4, same=close)
 
 
-@pytest.mark.parametrize("variant", RUNNABLE, ids=lambda variant: variant.name)
-def test_the_forwards_exponential_is_within_two_ulp_of_the_true_one(variant, monkeypatch):
+def test_the_forwards_exponential_is_within_two_ulp_of_the_true_one(each_build):
     """Softmax and SiLU take e^x from a vector polynomial on AVX-512 (libm's expf elsewhere): a
     wrong coefficient or range reduction is off by more than the logits' tolerance can see."""
-    for name, value in (("_tried", False), ("_library", None), ("_reason", None), ("_variant", None)):
-        monkeypatch.setattr(int8_kernel, name, value)
-    monkeypatch.setattr(int8_kernel, "cpu_flags", lambda: variant.needs)
     library = int8_kernel.loaded_library()
     x = torch.cat([torch.linspace(-103.0, 88.0, 200_003), torch.randn(10_000) * 3,
                    torch.tensor([0.0, -0.0, 88.72, -87.33, 1e-8, -1e-8])])
