@@ -317,6 +317,128 @@ static void merge_ranges(const Attention *a, int64_t g, int64_t ranges, const fl
     }
 }
 
+/* What a forward's layers work in, sized for n tokens over `slots` cache rows and attention
+ * inputs `input_width` floats wide (hidden for a decoder, 2 * hidden for an EAGLE-3 head). */
+typedef struct {
+    float *state;   /* (n, hidden) the residual stream */
+    float *normed;  /* (n, input_width) the attention's (or the MLP's) normed input */
+    float *wide;    /* qkv, then gate_up */
+    float *mixed, *update;
+    /* Attention runs as kv_heads x ranges tasks, RANGE_ROWS cache rows each, the ranges at
+     * fixed slots: which rows a range holds never depends on the batch, so a token's sums run
+     * in the same order in a verify as in a step. */
+    int64_t ranges;
+    float *scores, *padded, *largest, *totals, *partial;
+} Work;
+
+static void work_free(Work *w) {
+    free(w->state), free(w->normed), free(w->wide), free(w->mixed), free(w->update);
+    free(w->scores), free(w->padded), free(w->largest), free(w->totals), free(w->partial);
+}
+
+static int work_alloc(Work *w, const TandemDecoder *d, int64_t n, int64_t slots, int64_t input_width) {
+    int64_t dim = d->head_dim, groups = d->heads / d->kv_heads, q_width = d->heads * dim;
+    int64_t qkv_width = q_width + 2 * d->kv_heads * dim;
+    int64_t widest = qkv_width > 2 * d->intermediate ? qkv_width : 2 * d->intermediate;
+    w->ranges = (slots + RANGE_ROWS - 1) / RANGE_ROWS;
+    int64_t tasks = d->kv_heads * w->ranges;
+    w->state = malloc(sizeof(float) * n * d->hidden);
+    w->normed = malloc(sizeof(float) * n * (input_width > d->hidden ? input_width : d->hidden));
+    w->wide = malloc(sizeof(float) * n * widest);
+    w->mixed = malloc(sizeof(float) * n * (q_width > d->intermediate ? q_width : d->intermediate));
+    w->update = malloc(sizeof(float) * n * d->hidden);
+    w->scores = malloc(sizeof(float) * tasks * n * groups * RANGE_ROWS);
+    w->padded = malloc(sizeof(float) * tasks * 16 * dim);
+    w->largest = malloc(sizeof(float) * tasks * n * groups);
+    w->totals = malloc(sizeof(float) * tasks * n * groups);
+    w->partial = malloc(sizeof(float) * tasks * n * groups * dim);
+    if (!w->state || !w->normed || !w->wide || !w->mixed || !w->update || !w->scores || !w->padded || !w->largest ||
+        !w->totals || !w->partial) {
+        work_free(w);
+        return TANDEM_NO_MEMORY;
+    }
+    return TANDEM_OK;
+}
+
+/* The checks every entry point makes of its tokens: the C code trusts its indices. */
+static int check_tokens(const TandemDecoder *d, int64_t n, const int64_t *ids, const int64_t *positions,
+                        const int64_t *rows, int64_t first_row, int64_t slots, int64_t wanted_from) {
+    if (n <= 0 || slots <= 0 || first_row < 0 || wanted_from < 0 || wanted_from > n || d->head_dim > 512 ||
+        d->head_dim % 2 || d->heads % d->kv_heads || first_row + slots > d->cache_rows)
+        return TANDEM_BAD_INPUT;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= d->vocab || positions[i] < 0 || positions[i] >= d->table_positions ||
+            rows[i] < 0 || rows[i] >= d->cache_rows)
+            return TANDEM_BAD_INPUT;
+    return TANDEM_OK;
+}
+
+/* One decoder layer over w->state. Its attention reads w->normed (n, layer->qkv.width), the
+ * normed input the caller wrote there; keys and values go to the cache at `rows` first, then
+ * token i attends to cache row first_row + s where visible[i * visible_stride + s]. */
+static int run_layer(const TandemDecoder *d, const TandemLayer *layer, int64_t n, const int64_t *positions,
+                     const int64_t *rows, const uint8_t *visible, int64_t visible_stride, int64_t first_row,
+                     int64_t slots, Work *w, int threads) {
+    int64_t hidden = d->hidden, dim = d->head_dim, groups = d->heads / d->kv_heads;
+    int64_t q_width = d->heads * dim, kv_width = d->kv_heads * dim, qkv_width = q_width + 2 * kv_width;
+    int status;
+    /* Attention: queries, keys and values; keys and values into the cache; then attend. */
+    if ((status = linear(&layer->qkv, w->normed, n, w->wide, threads))) return status;
+    for (int64_t i = 0; i < n; i++) {
+        float *qkv = w->wide + i * qkv_width;
+        const float *cos = d->cos + positions[i] * dim, *sin = d->sin + positions[i] * dim;
+        for (int64_t h = 0; h < d->heads; h++) {
+            if (layer->q_norm != NULL) rms_norm(qkv + h * dim, layer->q_norm, dim, d->eps, qkv + h * dim);
+            rotate(qkv + h * dim, cos, sin, dim);
+        }
+        for (int64_t g = 0; g < d->kv_heads; g++) {
+            float *key = qkv + q_width + g * dim, *value = qkv + q_width + kv_width + g * dim;
+            if (layer->k_norm != NULL) rms_norm(key, layer->k_norm, dim, d->eps, key);
+            rotate(key, cos, sin, dim);
+            memcpy(layer->keys + (g * d->cache_rows + rows[i]) * dim, key, sizeof(float) * dim);
+            memcpy(layer->values + (g * d->cache_rows + rows[i]) * dim, value, sizeof(float) * dim);
+        }
+    }
+    Attention attention = {d, n, groups, q_width, qkv_width, visible_stride, first_row, w->wide, visible};
+    int64_t ranges = w->ranges, queries = n * groups;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+    for (int64_t g = 0; g < d->kv_heads; g++)
+        for (int64_t r = 0; r < ranges; r++) {
+            int64_t task = g * ranges + r;
+            int64_t begin = r * RANGE_ROWS, end = begin + RANGE_ROWS < slots ? begin + RANGE_ROWS : slots;
+            attend_range(&attention, g, layer->keys + g * d->cache_rows * dim, layer->values + g * d->cache_rows * dim,
+                         begin, end, w->scores + task * queries * RANGE_ROWS, w->largest + task * queries,
+                         w->totals + task * queries, w->partial + task * queries * dim, w->padded + task * 16 * dim);
+        }
+    for (int64_t g = 0; g < d->kv_heads; g++)
+        merge_ranges(&attention, g, ranges, w->largest + g * ranges * queries, w->totals + g * ranges * queries,
+                     w->partial + g * ranges * queries * dim, w->mixed);
+    if ((status = linear(&layer->output, w->mixed, n, w->update, threads))) return status;
+    for (int64_t j = 0; j < n * hidden; j++) w->state[j] = w->state[j] + w->update[j];
+
+    /* MLP: down(silu(gate) * up). */
+    for (int64_t i = 0; i < n; i++)
+        rms_norm(w->state + i * hidden, layer->post_attention_norm, hidden, d->eps, w->normed + i * hidden);
+    if ((status = linear(&layer->gate_up, w->normed, n, w->wide, threads))) return status;
+    for (int64_t i = 0; i < n; i++)
+        silu_times(w->wide + i * 2 * d->intermediate, w->wide + i * 2 * d->intermediate + d->intermediate,
+                   d->intermediate, w->mixed + i * d->intermediate);
+    if ((status = linear(&layer->down, w->mixed, n, w->update, threads))) return status;
+    for (int64_t j = 0; j < n * hidden; j++) w->state[j] = w->state[j] + w->update[j];
+    return TANDEM_OK;
+}
+
+/* The final norm of the tokens from wanted_from on (into final_hidden when it is not NULL),
+ * then the LM head's logits. */
+static int finish(const TandemDecoder *d, int64_t n, int64_t wanted_from, Work *w, float *logits, float *final_hidden,
+                  int threads) {
+    int64_t hidden = d->hidden, wanted = n - wanted_from;
+    for (int64_t i = 0; i < wanted; i++)
+        rms_norm(w->state + (wanted_from + i) * hidden, d->final_norm, hidden, d->eps, w->normed + i * hidden);
+    if (final_hidden != NULL) memcpy(final_hidden, w->normed, sizeof(float) * wanted * hidden);
+    return wanted > 0 ? linear(&d->lm_head, w->normed, wanted, logits, threads) : TANDEM_OK;
+}
+
 /* The forward of n tokens. ids, positions, rows: (n,); token i writes its keys and values at
  * cache row rows[i] and sees cache row first_row + s where visible[i * visible_stride + s]
  * (s < slots). Writes logits (n - wanted_from, vocab) of the rows from wanted_from on, their
@@ -326,103 +448,66 @@ int tandem_decoder_forward(const TandemDecoder *d, int64_t n, const int64_t *ids
                            const int64_t *rows, const uint8_t *visible, int64_t visible_stride, int64_t first_row,
                            int64_t slots, int64_t wanted_from, float *logits, float *final_hidden,
                            const int64_t *feature_layers, int64_t feature_count, float *features, int threads) {
-    int64_t hidden = d->hidden, dim = d->head_dim, groups = d->heads / d->kv_heads;
-    int64_t q_width = d->heads * dim, kv_width = d->kv_heads * dim, qkv_width = q_width + 2 * kv_width;
-    if (n <= 0 || slots <= 0 || first_row < 0 || wanted_from < 0 || wanted_from > n || dim > 512 || dim % 2 ||
-        d->heads % d->kv_heads || first_row + slots > d->cache_rows)
-        return TANDEM_BAD_INPUT;
+    int64_t hidden = d->hidden;
+    int status = check_tokens(d, n, ids, positions, rows, first_row, slots, wanted_from);
+    if (status) return status;
     if (threads < 1) threads = 1;
-    for (int64_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= d->vocab || positions[i] < 0 || positions[i] >= d->table_positions ||
-            rows[i] < 0 || rows[i] >= d->cache_rows)
-            return TANDEM_BAD_INPUT;
-
-    int64_t widest = qkv_width > 2 * d->intermediate ? qkv_width : 2 * d->intermediate;
-    float *state = malloc(sizeof(float) * n * hidden);   /* the residual stream */
-    float *normed = malloc(sizeof(float) * n * hidden);
-    float *wide = malloc(sizeof(float) * n * widest);     /* qkv, then gate_up */
-    float *mixed = malloc(sizeof(float) * n * (q_width > d->intermediate ? q_width : d->intermediate));
-    float *update = malloc(sizeof(float) * n * hidden);
-    /* Attention runs as kv_heads x ranges tasks, RANGE_ROWS cache rows each, the ranges at
-     * fixed slots: which rows a range holds never depends on the batch, so a token's sums run
-     * in the same order in a verify as in a step. */
-    int64_t ranges = (slots + RANGE_ROWS - 1) / RANGE_ROWS, range_width = RANGE_ROWS, tasks = d->kv_heads * ranges;
-    float *scores = malloc(sizeof(float) * tasks * n * groups * range_width);
-    float *padded = malloc(sizeof(float) * tasks * 16 * dim);
-    float *largest = malloc(sizeof(float) * tasks * n * groups);
-    float *totals = malloc(sizeof(float) * tasks * n * groups);
-    float *partial = malloc(sizeof(float) * tasks * n * groups * dim);
-    int status = TANDEM_OK;
-    if (!state || !normed || !wide || !mixed || !update || !scores || !largest || !totals || !partial || !padded) {
-        status = TANDEM_NO_MEMORY;
-        goto done;
-    }
+    Work w;
+    if ((status = work_alloc(&w, d, n, slots, hidden))) return status;
 
     for (int64_t i = 0; i < n; i++) {
         const int8_t *row = d->embedding + ids[i] * hidden;
         float scale = d->embedding_scale[ids[i]];
-        for (int64_t j = 0; j < hidden; j++) state[i * hidden + j] = (float)row[j] * scale;
+        for (int64_t j = 0; j < hidden; j++) w.state[i * hidden + j] = (float)row[j] * scale;
     }
-
-    for (int64_t index = 0; index < d->layers; index++) {
+    for (int64_t index = 0; index < d->layers && status == TANDEM_OK; index++) {
         const TandemLayer *layer = d->layer + index;
         for (int64_t f = 0; f < feature_count; f++)
             if (feature_layers[f] == index)
                 for (int64_t i = 0; i < n; i++)
-                    memcpy(features + (i * feature_count + f) * hidden, state + i * hidden, sizeof(float) * hidden);
-
-        /* Attention: queries, keys and values; keys and values into the cache; then attend. */
-        for (int64_t i = 0; i < n; i++) rms_norm(state + i * hidden, layer->input_norm, hidden, d->eps, normed + i * hidden);
-        if ((status = linear(&layer->qkv, normed, n, wide, threads))) goto done;
-        for (int64_t i = 0; i < n; i++) {
-            float *qkv = wide + i * qkv_width;
-            const float *cos = d->cos + positions[i] * dim, *sin = d->sin + positions[i] * dim;
-            for (int64_t h = 0; h < d->heads; h++) {
-                if (layer->q_norm != NULL) rms_norm(qkv + h * dim, layer->q_norm, dim, d->eps, qkv + h * dim);
-                rotate(qkv + h * dim, cos, sin, dim);
-            }
-            for (int64_t g = 0; g < d->kv_heads; g++) {
-                float *key = qkv + q_width + g * dim, *value = qkv + q_width + kv_width + g * dim;
-                if (layer->k_norm != NULL) rms_norm(key, layer->k_norm, dim, d->eps, key);
-                rotate(key, cos, sin, dim);
-                memcpy(layer->keys + (g * d->cache_rows + rows[i]) * dim, key, sizeof(float) * dim);
-                memcpy(layer->values + (g * d->cache_rows + rows[i]) * dim, value, sizeof(float) * dim);
-            }
-        }
-        Attention attention = {d, n, groups, q_width, qkv_width, visible_stride, first_row, wide, visible};
-#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
-        for (int64_t g = 0; g < d->kv_heads; g++)
-            for (int64_t r = 0; r < ranges; r++) {
-                int64_t task = g * ranges + r, queries = n * groups;
-                int64_t begin = r * RANGE_ROWS, end = begin + RANGE_ROWS < slots ? begin + RANGE_ROWS : slots;
-                attend_range(&attention, g, layer->keys + g * d->cache_rows * dim, layer->values + g * d->cache_rows * dim,
-                             begin, end, scores + task * queries * range_width, largest + task * queries,
-                             totals + task * queries, partial + task * queries * dim, padded + task * 16 * dim);
-            }
-        for (int64_t g = 0; g < d->kv_heads; g++)
-            merge_ranges(&attention, g, ranges, largest + g * ranges * n * groups, totals + g * ranges * n * groups,
-                         partial + g * ranges * n * groups * dim, mixed);
-        if ((status = linear(&layer->output, mixed, n, update, threads))) goto done;
-        for (int64_t j = 0; j < n * hidden; j++) state[j] = state[j] + update[j];
-
-        /* MLP: down(silu(gate) * up). */
-        for (int64_t i = 0; i < n; i++)
-            rms_norm(state + i * hidden, layer->post_attention_norm, hidden, d->eps, normed + i * hidden);
-        if ((status = linear(&layer->gate_up, normed, n, wide, threads))) goto done;
-        for (int64_t i = 0; i < n; i++)
-            silu_times(wide + i * 2 * d->intermediate, wide + i * 2 * d->intermediate + d->intermediate, d->intermediate,
-                       mixed + i * d->intermediate);
-        if ((status = linear(&layer->down, mixed, n, update, threads))) goto done;
-        for (int64_t j = 0; j < n * hidden; j++) state[j] = state[j] + update[j];
+                    memcpy(features + (i * feature_count + f) * hidden, w.state + i * hidden, sizeof(float) * hidden);
+        for (int64_t i = 0; i < n; i++) rms_norm(w.state + i * hidden, layer->input_norm, hidden, d->eps, w.normed + i * hidden);
+        status = run_layer(d, layer, n, positions, rows, visible, visible_stride, first_row, slots, &w, threads);
     }
+    if (status == TANDEM_OK) status = finish(d, n, wanted_from, &w, logits, final_hidden, threads);
+    work_free(&w);
+    return status;
+}
 
-    int64_t wanted = n - wanted_from;
-    for (int64_t i = 0; i < wanted; i++)
-        rms_norm(state + (wanted_from + i) * hidden, d->final_norm, hidden, d->eps, normed + i * hidden);
-    if (final_hidden != NULL) memcpy(final_hidden, normed, sizeof(float) * wanted * hidden);
-    if (wanted > 0) status = linear(&d->lm_head, normed, wanted, logits, threads);
+/* An EAGLE-3 head's step (engine/runtime/eagle3_native.py): d holds the head's one decoder layer,
+ * whose q/k/v read [input_norm(token embedding) ‖ hidden_norm(input feature)], 2 * hidden wide,
+ * and whose residual stream starts at the input feature (`inputs`, (n, hidden): the target's
+ * fused features or the head's own outputs); its LM head is over the draft vocabulary, its
+ * embedding the target's. Writes each token's layer output into outputs (n, hidden), the
+ * feature a drafted child reads, and the logits of the tokens from wanted_from on. Tokens,
+ * cache rows and visibility as in tandem_decoder_forward. */
+int tandem_eagle3_forward(const TandemDecoder *d, const float *hidden_norm, int64_t n, const int64_t *ids,
+                          const float *inputs, const int64_t *positions, const int64_t *rows, const uint8_t *visible,
+                          int64_t visible_stride, int64_t first_row, int64_t slots, int64_t wanted_from,
+                          float *logits, float *outputs, int threads) {
+    int64_t hidden = d->hidden;
+    int status = check_tokens(d, n, ids, positions, rows, first_row, slots, wanted_from);
+    if (status) return status;
+    if (d->layers != 1 || d->layer[0].qkv.width != 2 * hidden) return TANDEM_BAD_INPUT;
+    if (threads < 1) threads = 1;
+    Work w;
+    if ((status = work_alloc(&w, d, n, slots, 2 * hidden))) return status;
 
-done:
-    free(state), free(normed), free(wide), free(mixed), free(update), free(scores), free(largest), free(totals), free(partial), free(padded);
+    const TandemLayer *layer = d->layer;
+    float *embedding = w.update; /* free until the layer's first product */
+    memcpy(w.state, inputs, sizeof(float) * n * hidden);
+    for (int64_t i = 0; i < n; i++) {
+        const int8_t *row = d->embedding + ids[i] * hidden;
+        float scale = d->embedding_scale[ids[i]];
+        for (int64_t j = 0; j < hidden; j++) embedding[j] = (float)row[j] * scale;
+        rms_norm(embedding, layer->input_norm, hidden, d->eps, w.normed + i * 2 * hidden);
+        rms_norm(inputs + i * hidden, hidden_norm, hidden, d->eps, w.normed + i * 2 * hidden + hidden);
+    }
+    status = run_layer(d, layer, n, positions, rows, visible, visible_stride, first_row, slots, &w, threads);
+    if (status == TANDEM_OK) {
+        memcpy(outputs, w.state, sizeof(float) * n * hidden);
+        status = finish(d, n, wanted_from, &w, logits, NULL, threads);
+    }
+    work_free(&w);
     return status;
 }

@@ -20,12 +20,14 @@ import torch.nn.functional as F
 from .base import ModelRuntime
 from .cpu import fast_bf16
 from .eagle3_head import Eagle3Head
+from .eagle3_native import NativeHeadLayer, native_head_refusal
 
 GROWTH = 256  # cache rows added at a time
-# The head's big matrices, multiplied in int8 on a CPU without native bf16: one drafting call
-# reads the LM head (draft vocabulary × width) whole, 19 MB in fp32, and a call is memory-bound
-# (1.5 ms against 0.2 ms in int8 on the AVX2 EPYC). The small attention projections stay fp32:
-# int8 is no faster there. Drafts change a little; exactness does not (the target verifies).
+# The head's big matrices, multiplied in int8 on a CPU without native bf16 where the native
+# head cannot run: one drafting call reads the LM head (draft vocabulary × width) whole, 19 MB
+# in fp32, and a call is memory-bound (1.5 ms against 0.2 ms in int8 on the AVX2 EPYC). The
+# small attention projections stay fp32: int8 is no faster there. Drafts change a little;
+# exactness does not (the target verifies).
 INT8_MATRICES = {"fc", "lm_head", "midlayer.mlp.gate_proj", "midlayer.mlp.up_proj", "midlayer.mlp.down_proj"}
 
 
@@ -33,27 +35,31 @@ class Eagle3Runtime(ModelRuntime):
     name = "EAGLE-3"
 
     def __init__(
-        self, head: Eagle3Head, target: ModelRuntime, embeddings: torch.Tensor, dtype: torch.dtype | None = None, quantise: bool = True,
+        self, head: Eagle3Head, target: ModelRuntime, embeddings: torch.Tensor, dtype: torch.dtype | None = None,
+        quantise: bool = True, native: bool | None = None,
     ):
         """`embeddings`: (V, H) the target's token embeddings (EAGLE-3 heads read the target's
-        own, unless they ship theirs); `dtype`: what the head computes in (default: bf16
-        where the CPU multiplies it natively, else fp32 with int8 for its big matrices)."""
+        own, unless they ship theirs). The head runs in C with int8 weights where it can
+        (`native`, by default unless a `dtype` is asked for); else in torch, in `dtype`
+        (default: bf16 where the CPU multiplies it natively, else fp32 with int8 for its big
+        matrices unless `quantise` is off)."""
         super().__init__(head.config.vocab_size)
-        dtype = dtype or (torch.bfloat16 if fast_bf16() else torch.float32)
         if not target.feature_layers:
             raise ValueError("an EAGLE-3 head needs a target runtime opened with its feature layers")
-        self.head = head.to(dtype).eval()
-        if dtype == torch.float32 and quantise:
-            self.head = _with_int8_matmuls(self.head)
+        embeddings = (head.embed_tokens.weight if head.embed_tokens is not None else embeddings).detach()
+        if native is None:
+            native = dtype is None and native_head_refusal(head, embeddings) is None
+        if native:
+            self._layer: NativeHeadLayer | _TorchHeadLayer = NativeHeadLayer(head.float().eval(), embeddings)
+        else:
+            self._layer = _TorchHeadLayer(head, embeddings, dtype or (torch.bfloat16 if fast_bf16() else torch.float32), quantise)
+        self.dtype = self._layer.dtype
+        self.name = f"EAGLE-3 ({'native int8' if native else str(self.dtype).removeprefix('torch.')})"
         self.target = target
-        self.embeddings = (head.embed_tokens.weight if head.embed_tokens is not None else embeddings).detach().to(dtype)
-        self.dtype = dtype
-        config = head.config
-        self._keys = torch.zeros(1, config.num_key_value_heads, 0, config.head_dim, dtype=dtype)
-        self._values = torch.zeros_like(self._keys)
-        self._outputs = torch.zeros(0, config.hidden_size, dtype=dtype)  # slot -> the layer's output there
+        self._outputs = torch.zeros(0, head.config.hidden_size, dtype=self.dtype)  # slot -> the layer's output there
         self._exact: list[bool] = []  # slot -> computed from the target's feature (or the first token)
         self._target_ids = head.target_ids
+        self._hidden_size = head.config.hidden_size
 
     # The contract
 
@@ -76,32 +82,20 @@ class Eagle3Runtime(ModelRuntime):
         start, count = len(self), len(new_ids)
         with torch.inference_mode():
             features, exact = self._input_features(new_ids, parents)  # (T, H)
-            embeddings = self.embeddings[torch.tensor(new_ids)]  # (T, H)
-            query, key, value = self.head.attention_inputs(embeddings[None], features[None], torch.tensor([positions]))
+            output, draft_logits = self._layer.run(start, new_ids, features, positions, self.visible_slots(parents), logits_wanted)
             self._grow(start + count)
-            self._keys[:, :, start:start + count] = key[0:1]
-            self._values[:, :, start:start + count] = value[0:1]
-            visible = self.visible_slots(parents)  # (T, start + T)
-            attended = F.scaled_dot_product_attention(
-                query, self._keys[:, :, :start + count], self._values[:, :, :start + count],
-                attn_mask=visible[None, None], enable_gqa=True,
-            )
-            output = self.head.finish(attended, features[None])[0]  # (T, H)
             self._outputs[start:start + count] = output
             self._exact[start:] = exact
-            draft_logits = self.head.draft_logits(output[count - logits_wanted:]).float()  # (wanted, draft V)
         logits = torch.full((logits_wanted, self.vocab_size), float("-inf"))
-        logits[:, self._target_ids] = draft_logits
+        logits[:, self._target_ids] = draft_logits.float()
         return logits
 
     def _keep(self, prefix: int, extra_slots: list[int]) -> None:
         kept = list(range(prefix)) + list(extra_slots)
         if extra_slots:
-            index = torch.tensor(kept)
             with torch.inference_mode():  # the cache tensors are inference tensors
-                self._keys[:, :, : len(kept)] = self._keys[:, :, index]
-                self._values[:, :, : len(kept)] = self._values[:, :, index]
-                self._outputs[: len(kept)] = self._outputs[index]
+                self._layer.keep(kept)
+                self._outputs[: len(kept)] = self._outputs[torch.tensor(kept)]
         self._exact = [self._exact[slot] for slot in kept]
 
     def _clear(self) -> None:
@@ -117,7 +111,7 @@ class Eagle3Runtime(ModelRuntime):
         """Each new token's input feature, and whether it came from the target."""
         start = len(self)
         target_slots = self._target_slots()
-        rows = torch.zeros(len(new_ids), self.head.config.hidden_size, dtype=self.dtype)
+        rows = torch.zeros(len(new_ids), self._hidden_size, dtype=self.dtype)
         exact: list[bool] = []
         from_target: list[tuple[int, int]] = []  # (new token, target slot)
         for index, parent in enumerate(parents):
@@ -135,8 +129,52 @@ class Eagle3Runtime(ModelRuntime):
         if from_target:
             indices = [index for index, _ in from_target]
             slots = torch.tensor([slot for _, slot in from_target])
-            rows[indices] = self.head.fuse(self.target.features[slots].to(self.dtype))
+            rows[indices] = self._layer.fuse(self.target.features[slots]).to(self.dtype)
         return rows, exact
+
+    def _grow(self, rows: int) -> None:
+        if rows > self._outputs.shape[0]:
+            extra = max(GROWTH, rows - self._outputs.shape[0])
+            self._outputs = torch.cat((self._outputs, self._outputs.new_zeros(extra, self._outputs.shape[1])))
+
+
+class _TorchHeadLayer:
+    """The head's layer in torch, over a KV cache of torch tensors (what `NativeHeadLayer`
+    does in C, for where that cannot run and for tests that want the head's exact floats)."""
+
+    def __init__(self, head: Eagle3Head, embeddings: torch.Tensor, dtype: torch.dtype, quantise: bool):
+        self.head = head.to(dtype).eval()
+        if dtype == torch.float32 and quantise:
+            self.head = _with_int8_matmuls(self.head)
+        self.embeddings = embeddings.to(dtype)
+        self.dtype = dtype
+        config = head.config
+        self._keys = torch.zeros(1, config.num_key_value_heads, 0, config.head_dim, dtype=dtype)
+        self._values = torch.zeros_like(self._keys)
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        return self.head.fuse(features.to(self.dtype))
+
+    def run(
+        self, start: int, ids: list[int], inputs: torch.Tensor, positions: list[int], visible: torch.Tensor, logits_wanted: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        count = len(ids)
+        embeddings = self.embeddings[torch.tensor(ids)]  # (T, H)
+        query, key, value = self.head.attention_inputs(embeddings[None], inputs[None], torch.tensor([positions]))
+        self._grow(start + count)
+        self._keys[:, :, start:start + count] = key[0:1]
+        self._values[:, :, start:start + count] = value[0:1]
+        attended = F.scaled_dot_product_attention(
+            query, self._keys[:, :, :start + count], self._values[:, :, :start + count],
+            attn_mask=visible[None, None], enable_gqa=True,
+        )
+        output = self.head.finish(attended, inputs[None])[0]  # (T, H)
+        return output, self.head.draft_logits(output[count - logits_wanted:])
+
+    def keep(self, kept: list[int]) -> None:
+        index = torch.tensor(kept)
+        self._keys[:, :, : len(kept)] = self._keys[:, :, index]
+        self._values[:, :, : len(kept)] = self._values[:, :, index]
 
     def _grow(self, rows: int) -> None:
         if rows <= self._keys.shape[2]:
@@ -144,7 +182,6 @@ class Eagle3Runtime(ModelRuntime):
         extra = max(GROWTH, rows - self._keys.shape[2])
         self._keys = torch.cat((self._keys, self._keys.new_zeros(*self._keys.shape[:2], extra, self._keys.shape[3])), dim=2)
         self._values = torch.cat((self._values, self._values.new_zeros(*self._values.shape[:2], extra, self._values.shape[3])), dim=2)
-        self._outputs = torch.cat((self._outputs, self._outputs.new_zeros(extra, self._outputs.shape[1])))
 
 
 def _with_int8_matmuls(head: Eagle3Head) -> Eagle3Head:

@@ -290,6 +290,13 @@ def _load(library: Path) -> ctypes.CDLL:
         ctypes.c_void_p, ctypes.c_int,
     ]
     forward.restype = ctypes.c_int
+    head = loaded.tandem_eagle3_forward
+    head.argtypes = [
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_int,
+    ]
+    head.restype = ctypes.c_int
     loaded.tandem_exp.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     loaded.tandem_exp.restype = None
     return loaded

@@ -40,25 +40,25 @@ NATIVE_RECIPES = {"Llama", "Mistral", "Qwen2", "Qwen3"}
 NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
 
 
-class _Int8(ctypes.Structure):
+class Int8Struct(ctypes.Structure):
     _fields_ = [("weight", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("row_sums", ctypes.c_void_p),
                 ("bias", ctypes.c_void_p), ("rows", ctypes.c_int64), ("width", ctypes.c_int64)]
 
 
-class _Layer(ctypes.Structure):
-    _fields_ = [("input_norm", ctypes.c_void_p), ("post_attention_norm", ctypes.c_void_p), ("qkv", _Int8),
-                ("output", _Int8), ("gate_up", _Int8), ("down", _Int8), ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p),
+class LayerStruct(ctypes.Structure):
+    _fields_ = [("input_norm", ctypes.c_void_p), ("post_attention_norm", ctypes.c_void_p), ("qkv", Int8Struct),
+                ("output", Int8Struct), ("gate_up", Int8Struct), ("down", Int8Struct), ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p),
                 ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p)]
 
 
-class _Decoder(ctypes.Structure):
+class DecoderStruct(ctypes.Structure):
     _fields_ = [
         ("layers", ctypes.c_int64), ("hidden", ctypes.c_int64), ("heads", ctypes.c_int64), ("kv_heads", ctypes.c_int64),
         ("head_dim", ctypes.c_int64), ("intermediate", ctypes.c_int64), ("vocab", ctypes.c_int64), ("cache_rows", ctypes.c_int64),
         ("eps", ctypes.c_float), ("attention_scale", ctypes.c_float),
         ("embedding", ctypes.c_void_p), ("embedding_scale", ctypes.c_void_p), ("final_norm", ctypes.c_void_p),
-        ("lm_head", _Int8), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p), ("table_positions", ctypes.c_int64),
-        ("layer", ctypes.POINTER(_Layer)),
+        ("lm_head", Int8Struct), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p), ("table_positions", ctypes.c_int64),
+        ("layer", ctypes.POINTER(LayerStruct)),
     ]
 
 
@@ -137,13 +137,14 @@ def native_forward(forward) -> NativeForward | None:
     return NativeForward(forward) if refusal(forward.model, forward.cache[0][0].device) is None else None
 
 
-def _int8(layer: Int8Linear, keep: list) -> _Int8:
+def int8_struct(layer: Int8Linear, keep: list) -> Int8Struct:
+    """The C view of `layer`; `keep` collects the tensors whose addresses it holds."""
     tensors = [layer.weight.contiguous(), layer.scale.contiguous(), layer.row_sums.contiguous()]
     bias = None if layer.bias is None else layer.bias.detach().float().contiguous()
     keep.extend(tensors + [bias])
     weight, scale, row_sums = tensors
-    return _Int8(weight.data_ptr(), scale.data_ptr(), row_sums.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                 weight.shape[0], weight.shape[1])
+    return Int8Struct(weight.data_ptr(), scale.data_ptr(), row_sums.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                      weight.shape[0], weight.shape[1])
 
 
 class NativeForward:
@@ -169,27 +170,27 @@ class NativeForward:
             cos, sin = decoder.rotary_emb(probe, torch.arange(rows)[None])
             cos, sin = cos[0].float().contiguous(), sin[0].float().contiguous()
         keep += [cos, sin]
-        layers = (_Layer * len(decoder.layers))()
+        layers = (LayerStruct * len(decoder.layers))()
         for index, (layer, joined, (keys, values)) in enumerate(zip(decoder.layers, forward.joined, forward.cache)):
             norms = [layer.input_layernorm, layer.post_attention_layernorm]
             norms += [layer.self_attn.q_norm, layer.self_attn.k_norm] if forward.recipe.qk_norm else [None, None]
             weights = [None if norm is None else norm.weight.detach().float().contiguous() for norm in norms]
             keep += weights
             addresses = [0 if weight is None else weight.data_ptr() for weight in weights]
-            layers[index] = _Layer(addresses[0], addresses[1], _int8(joined.qkv, keep),
-                                   _int8(layer.self_attn.o_proj, keep), _int8(joined.gate_up, keep),
-                                   _int8(layer.mlp.down_proj, keep), keys.data_ptr(), values.data_ptr(),
-                                   addresses[2], addresses[3])
+            layers[index] = LayerStruct(addresses[0], addresses[1], int8_struct(joined.qkv, keep),
+                                        int8_struct(layer.self_attn.o_proj, keep), int8_struct(joined.gate_up, keep),
+                                        int8_struct(layer.mlp.down_proj, keep), keys.data_ptr(), values.data_ptr(),
+                                        addresses[2], addresses[3])
         embeddings = decoder.embed_tokens
         final_norm = decoder.norm.weight.detach().float().contiguous()
         # The cache too: the C call releases the GIL, and it must not outlive what it writes into.
         keep += [embeddings.weight, embeddings.scale, final_norm, layers, forward.cache]
-        self._decoder = _Decoder(
+        self._decoder = DecoderStruct(
             len(decoder.layers), config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
             attention.head_dim, config.intermediate_size, self.vocab, rows,
             float(decoder.norm.variance_epsilon), float(attention.scaling),
             embeddings.weight.data_ptr(), embeddings.scale.data_ptr(), final_norm.data_ptr(),
-            _int8(model.lm_head, keep), cos.data_ptr(), sin.data_ptr(), rows, layers,
+            int8_struct(model.lm_head, keep), cos.data_ptr(), sin.data_ptr(), rows, layers,
         )
         self._keep = keep
         self._features = (ctypes.c_int64 * max(len(self.feature_layers), 1))(*self.feature_layers)

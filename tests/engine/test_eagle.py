@@ -4,6 +4,7 @@ layout loads and drafts on both runtimes, and a head made for another target (or
 one) is refused with the reason before anything runs."""
 from __future__ import annotations
 
+import copy
 import json
 import random
 from collections import Counter
@@ -19,6 +20,8 @@ from engine.errors import ModelLoadError
 from engine.events import Finished, Provenance
 from engine.models import LoadedModel
 from engine.runtime.eagle3 import Eagle3Runtime
+from engine.runtime import int8_kernel
+from engine.runtime.int8_weights import quantise_rows
 from engine.runtime.eagle3_head import Eagle3Config, Eagle3Head, check_fits_target, load_head, save_head
 from engine.runtime.torch_eager import TorchRuntime
 from engine.sampling import Sampler
@@ -82,7 +85,7 @@ def test_greedy_eagle_chain_and_tree_equal_ar(make_word_tokenizer, head_seed):
     assert head.reusable_slots() <= len(pair.target_runner) + 1
 
 
-def reference_head_logits(head: Eagle3Head, model, ids: list[int]) -> torch.Tensor:
+def reference_head_logits(head: Eagle3Head, model, ids: list[int], embeddings: torch.Tensor | None = None) -> torch.Tensor:
     """The head's logits after `ids`, computed from scratch: one fresh target forward for
     the features, then the head causally over every slot, each reading the feature before it."""
     with torch.inference_mode():
@@ -90,21 +93,15 @@ def reference_head_logits(head: Eagle3Head, model, ids: list[int]) -> torch.Tens
         features = torch.cat([states[layer][0] for layer in LAYER_IDS], dim=-1)  # (n, F)
         hidden = torch.zeros(len(ids), head.config.hidden_size)
         hidden[1:] = head.fuse(features[:-1])
-        embeddings = model.get_input_embeddings().weight[torch.tensor(ids)]
-        query, key, value = head.attention_inputs(embeddings[None], hidden[None], torch.arange(len(ids))[None])
+        embeddings = model.get_input_embeddings().weight if embeddings is None else embeddings
+        query, key, value = head.attention_inputs(embeddings[torch.tensor(ids)][None], hidden[None], torch.arange(len(ids))[None])
         attended = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True)
         return head.draft_logits(head.finish(attended, hidden[None])[0, -1])
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_the_heads_cache_after_many_rounds_equals_a_fresh_recompute(seed):
-    """Rounds of trees, accepted paths, plain rounds, recomputed slots: afterwards the head's
-    view of the context is exactly what a fresh pass over it gives (float32 throughout)."""
-    vocab = 12  # small, so that a random head's trees are often partly right
-    model = tiny_target(seed=seed, vocab_size=vocab)
-    head = tiny_head(seed + 10, vocab_size=vocab, draft_vocab=10)
-    target = TorchRuntime(model, torch.device("cpu"), feature_layers=LAYER_IDS)
-    runner = Eagle3Runtime(head, target, model.get_input_embeddings().weight, dtype=torch.float32, quantise=False)
+def rounds_then_head_logits(runner: Eagle3Runtime, target: TorchRuntime, vocab: int, seed: int) -> tuple[list[int], torch.Tensor]:
+    """25 rounds of trees, accepted paths, plain rounds and recomputed slots; then the context
+    and the head's logits after it."""
     drafter = TreeDrafter(runner, vocab, FixedTreeShape(TreeShape(budget=8, depth=3, branching=3, beam=2)))
     sampler = Sampler(temperature=1.0, generator=torch.Generator().manual_seed(seed))
     context = [1, 5, 9, 2, 7]
@@ -114,10 +111,60 @@ def test_the_heads_cache_after_many_rounds_equals_a_fresh_recompute(seed):
         accepted[outcome.accepted] += 1
         context += outcome.tokens
     assert len(accepted) >= 2, accepted  # rounds that kept different path lengths
-    logits = runner.logits_for(context)[0]
+    return context, runner.logits_for(context)[0]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_heads_cache_after_many_rounds_equals_a_fresh_recompute(seed):
+    """Afterwards the head's view of the context is exactly what a fresh pass over it gives
+    (float32 throughout)."""
+    vocab = 12  # small, so that a random head's trees are often partly right
+    model = tiny_target(seed=seed, vocab_size=vocab)
+    head = tiny_head(seed + 10, vocab_size=vocab, draft_vocab=10)
+    target = TorchRuntime(model, torch.device("cpu"), feature_layers=LAYER_IDS)
+    runner = Eagle3Runtime(head, target, model.get_input_embeddings().weight, dtype=torch.float32, quantise=False)
+    context, logits = rounds_then_head_logits(runner, target, vocab, seed)
     expected = torch.full((vocab,), float("-inf"))
     expected[head.target_ids] = reference_head_logits(head, model, context)
     torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+
+
+def int8_rounded(head: Eagle3Head) -> Eagle3Head:
+    """A copy of `head` whose matrices are their int8 roundings (what the native head multiplies)."""
+    rounded = copy.deepcopy(head)
+    layer = rounded.midlayer
+    matrices = [rounded.fc, rounded.lm_head, layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj]
+    with torch.no_grad():
+        for matrix in matrices:
+            weight, scale = quantise_rows(matrix.weight)
+            matrix.weight.copy_(weight.float() * scale[:, None])
+    return rounded
+
+
+@pytest.mark.skipif(int8_kernel.unavailable_reason() is not None, reason="the int8 kernel cannot be built here")
+@pytest.mark.parametrize("seed", range(3))
+def test_the_native_heads_cache_after_many_rounds_matches_a_fresh_torch_recompute(seed):
+    """The head in C (int8 weights) after the same rounds: its logits are the torch head's over
+    the same int8-rounded weights, up to the activations' int8 rounding and float32 sums in
+    another order. A wrong cache slot, rotation, norm or mask is off by whole units."""
+    vocab = 12
+    model = tiny_target(seed=seed, vocab_size=vocab)
+    head = tiny_head(seed + 10, vocab_size=vocab, draft_vocab=10)
+    with torch.no_grad():
+        for name, parameter in head.named_parameters():
+            if "norm" in name:
+                parameter.normal_(1.0, 0.3)  # random norms: a swapped or forgotten one would show
+    target = TorchRuntime(model, torch.device("cpu"), feature_layers=LAYER_IDS)
+    runner = Eagle3Runtime(head, target, model.get_input_embeddings().weight, native=True)
+    assert runner.name == "EAGLE-3 (native int8)"
+    context, logits = rounds_then_head_logits(runner, target, vocab, seed)
+    weight, scale = quantise_rows(model.get_input_embeddings().weight)
+    expected = reference_head_logits(int8_rounded(head), model, context, embeddings=weight.float() * scale[:, None])
+    drafted = logits[head.target_ids]
+    assert (drafted - expected).abs().max() <= 2e-3 * expected.abs().max(), (drafted - expected).abs().max()
+    assert int(drafted.argmax()) == int(expected.argmax())
+    assert torch.isinf(logits[~head.t2d]).all()  # tokens outside the draft vocabulary are never drafted
 
 
 # --- sampling exactness -------------------------------------------------------------------
