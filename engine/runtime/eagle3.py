@@ -40,15 +40,19 @@ class Eagle3Runtime(ModelRuntime):
     ):
         """`embeddings`: (V, H) the target's token embeddings (EAGLE-3 heads read the target's
         own, unless they ship theirs). The head runs in C with int8 weights where it can
-        (`native`, by default unless a `dtype` is asked for); else in torch, in `dtype`
+        (`native`, by default unless a `dtype` is asked for; it then takes neither `dtype`
+        nor `quantise`); else in torch, in `dtype`
         (default: bf16 where the CPU multiplies it natively, else fp32 with int8 for its big
         matrices unless `quantise` is off)."""
         super().__init__(head.config.vocab_size)
         if not target.feature_layers:
             raise ValueError("an EAGLE-3 head needs a target runtime opened with its feature layers")
         embeddings = (head.embed_tokens.weight if head.embed_tokens is not None else embeddings).detach()
+        refusal = native_head_refusal(head, embeddings)
         if native is None:
-            native = dtype is None and native_head_refusal(head, embeddings) is None
+            native = dtype is None and refusal is None
+        elif native and refusal is not None:
+            raise ValueError(f"the EAGLE-3 head cannot run natively here: {refusal}")
         if native:
             self._layer: NativeHeadLayer | _TorchHeadLayer = NativeHeadLayer(head.float().eval(), embeddings)
         else:

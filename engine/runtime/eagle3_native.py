@@ -23,6 +23,11 @@ from .int8_weights import Int8Linear, join_rows, quantise_rows
 from .native_forward import DecoderStruct, LayerStruct, int8_struct
 
 GROWTH = 256  # cache rows (and rotary positions) added at a time
+# Tokens per C call: a long prompt is read in pieces, as the target's native forward reads it
+# (native_forward.PROMPT_ROWS), so attention's scratch (heads x tokens x cached rows floats)
+# stays small.
+PIECE_ROWS = 64
+QUANTISE_ROWS = 8192  # embedding rows rounded at a time: no float copy of a whole large table
 
 
 def native_head_refusal(head: Eagle3Head, embeddings: torch.Tensor) -> str | None:
@@ -31,6 +36,8 @@ def native_head_refusal(head: Eagle3Head, embeddings: torch.Tensor) -> str | Non
     if config.head_dim % 2 or config.head_dim > 512 or config.num_attention_heads % config.num_key_value_heads:
         return (f"the native head runs even heads of at most 512 and whole query groups "
                 f"(head_dim {config.head_dim}, {config.num_attention_heads}/{config.num_key_value_heads} heads)")
+    if embeddings.device.type != "cpu":
+        return "the native head runs on the CPU, and the target's embeddings are on another device"
     if embeddings.dim() != 2 or embeddings.shape[1] != config.hidden_size:
         return f"the token embeddings are {tuple(embeddings.shape)}, not {config.hidden_size} wide as the head"
     return int8_kernel.unavailable_reason()
@@ -56,7 +63,9 @@ class NativeHeadLayer:
             self._output = Int8Linear.from_linear(attention.o_proj)
             self._down = Int8Linear.from_linear(mlp.down_proj)
             self._lm_head = Int8Linear.from_linear(head.lm_head)
-            self._embedding, self._embedding_scale = quantise_rows(embeddings)
+            pieces = [quantise_rows(embeddings[first:first + QUANTISE_ROWS]) for first in range(0, len(embeddings), QUANTISE_ROWS)]
+            self._embedding = torch.cat([weight for weight, _ in pieces])
+            self._embedding_scale = torch.cat([scale for _, scale in pieces])
             self._norms = [norm.weight.detach().float().contiguous() for norm in
                            (layer.input_layernorm, layer.post_attention_layernorm, layer.hidden_norm, head.norm)]
         self._inverse_frequencies = head.inv_freq.float()
@@ -78,21 +87,38 @@ class NativeHeadLayer:
         (T, H) and the draft-vocabulary logits of the last `logits_wanted`."""
         count = len(ids)
         self._grow(max(start + count, max(positions) + 1))
-        visible = visible.to(torch.bool).contiguous()
-        inputs = inputs.float().contiguous()
+        visible = visible.to(torch.bool)
+        inputs = inputs.float()
         outputs = torch.empty(count, self.config.hidden_size)
         logits = torch.empty(logits_wanted, self.config.draft_vocab_size)
+        wanted_from = count - logits_wanted
+        for first in range(0, count, PIECE_ROWS):
+            last = min(first + PIECE_ROWS, count)
+            piece_wanted_from = min(max(wanted_from - first, 0), last - first)
+            self._run_piece(
+                start + first, ids[first:last], inputs[first:last].contiguous(), positions[first:last],
+                visible[first:last, : start + last].contiguous(), piece_wanted_from,
+                logits[max(first - wanted_from, 0):], outputs[first:last],
+            )
+        return outputs, logits
+
+    def _run_piece(
+        self, start: int, ids: list[int], inputs: torch.Tensor, positions: list[int], visible: torch.Tensor, wanted_from: int,
+        logits: torch.Tensor, outputs: torch.Tensor,
+    ) -> None:
+        """One C call: its logits into the first rows of `logits`, its outputs into `outputs`
+        (both contiguous views the call writes through)."""
+        count = len(ids)
         status = self.library.tandem_eagle3_forward(
             ctypes.byref(self._decoder), self._norms[2].data_ptr(), count, (ctypes.c_int64 * count)(*ids), inputs.data_ptr(),
             (ctypes.c_int64 * count)(*positions), (ctypes.c_int64 * count)(*range(start, start + count)), visible.data_ptr(),
-            visible.shape[1], 0, visible.shape[1], count - logits_wanted, logits.data_ptr(), outputs.data_ptr(),
+            visible.shape[1], 0, visible.shape[1], wanted_from, logits.data_ptr(), outputs.data_ptr(),
             torch.get_num_threads(),
         )
         if status == -1:
             raise MemoryError("out of memory for the EAGLE-3 head's activations")
         if status != 0:
             raise ValueError("the EAGLE-3 head was given tokens, positions or cache slots outside its own")
-        return outputs, logits
 
     def keep(self, kept: list[int]) -> None:
         """Slots `kept` (ascending, in the new order) become slots 0.. of the cache."""

@@ -20,7 +20,7 @@ from engine.errors import ModelLoadError
 from engine.events import Finished, Provenance
 from engine.models import LoadedModel
 from engine.runtime.eagle3 import Eagle3Runtime
-from engine.runtime import int8_kernel
+from engine.runtime import eagle3_native, int8_kernel
 from engine.runtime.int8_weights import quantise_rows
 from engine.runtime.eagle3_head import Eagle3Config, Eagle3Head, check_fits_target, load_head, save_head
 from engine.runtime.torch_eager import TorchRuntime
@@ -38,10 +38,13 @@ def tiny_target(seed: int = 3, vocab_size: int = 64):
     return tiny_llama(seed=seed, vocab_size=vocab_size, layers=LAYERS)
 
 
-def tiny_head(seed: int, vocab_size: int = 64, draft_vocab: int = 40, target_hidden: int = 32, layer_ids: tuple[int, ...] = LAYER_IDS) -> Eagle3Head:
+def tiny_head(
+    seed: int, vocab_size: int = 64, draft_vocab: int = 40, target_hidden: int = 32, layer_ids: tuple[int, ...] = LAYER_IDS,
+    head_dim: int = 8,
+) -> Eagle3Head:
     torch.manual_seed(seed)
     config = Eagle3Config(
-        hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
         target_hidden_size=target_hidden, vocab_size=vocab_size, draft_vocab_size=draft_vocab, layer_ids=layer_ids,
     )
     head = Eagle3Head(config)
@@ -85,9 +88,12 @@ def test_greedy_eagle_chain_and_tree_equal_ar(make_word_tokenizer, head_seed):
     assert head.reusable_slots() <= len(pair.target_runner) + 1
 
 
-def reference_head_logits(head: Eagle3Head, model, ids: list[int], embeddings: torch.Tensor | None = None) -> torch.Tensor:
-    """The head's logits after `ids`, computed from scratch: one fresh target forward for
-    the features, then the head causally over every slot, each reading the feature before it."""
+def reference_head_logits(
+    head: Eagle3Head, model, ids: list[int], embeddings: torch.Tensor | None = None, every: bool = False,
+) -> torch.Tensor:
+    """The head's logits after `ids` (after each of them, with `every`), computed from scratch:
+    one fresh target forward for the features, then the head causally over every slot, each
+    reading the feature before it."""
     with torch.inference_mode():
         states = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
         features = torch.cat([states[layer][0] for layer in LAYER_IDS], dim=-1)  # (n, F)
@@ -96,15 +102,18 @@ def reference_head_logits(head: Eagle3Head, model, ids: list[int], embeddings: t
         embeddings = model.get_input_embeddings().weight if embeddings is None else embeddings
         query, key, value = head.attention_inputs(embeddings[torch.tensor(ids)][None], hidden[None], torch.arange(len(ids))[None])
         attended = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True)
-        return head.draft_logits(head.finish(attended, hidden[None])[0, -1])
+        logits = head.draft_logits(head.finish(attended, hidden[None])[0])
+        return logits if every else logits[-1]
 
 
-def rounds_then_head_logits(runner: Eagle3Runtime, target: TorchRuntime, vocab: int, seed: int) -> tuple[list[int], torch.Tensor]:
-    """25 rounds of trees, accepted paths, plain rounds and recomputed slots; then the context
-    and the head's logits after it."""
+def rounds_then_head_logits(
+    runner: Eagle3Runtime, target: TorchRuntime, vocab: int, seed: int, prompt: tuple[int, ...] = (1, 5, 9, 2, 7),
+) -> tuple[list[int], torch.Tensor]:
+    """25 rounds of trees, accepted paths, plain rounds and recomputed slots after `prompt`;
+    then the context and the head's logits after it."""
     drafter = TreeDrafter(runner, vocab, FixedTreeShape(TreeShape(budget=8, depth=3, branching=3, beam=2)))
     sampler = Sampler(temperature=1.0, generator=torch.Generator().manual_seed(seed))
-    context = [1, 5, 9, 2, 7]
+    context = list(prompt)
     accepted = Counter()
     for _ in range(25):
         outcome = run_round(target, drafter, context, sampler)
@@ -143,14 +152,19 @@ def int8_rounded(head: Eagle3Head) -> Eagle3Head:
 
 
 @pytest.mark.skipif(int8_kernel.unavailable_reason() is not None, reason="the int8 kernel cannot be built here")
-@pytest.mark.parametrize("seed", range(3))
-def test_the_native_heads_cache_after_many_rounds_matches_a_fresh_torch_recompute(seed):
+@pytest.mark.parametrize("seed, head_dim", [(0, 8), (1, 16), (2, 16)])
+def test_the_native_heads_cache_after_many_rounds_matches_a_fresh_torch_recompute(seed, head_dim, monkeypatch):
     """The head in C (int8 weights) after the same rounds: its logits are the torch head's over
     the same int8-rounded weights, up to the activations' int8 rounding and float32 sums in
-    another order. A wrong cache slot, rotation, norm or mask is off by whole units."""
+    another order. A wrong cache slot, rotation, norm or mask is off by whole units. Small
+    growth steps and prompt pieces make the cache grow (and the C view follow it) and the
+    prompt arrive in many calls; a prompt of 150 spans two of attention's 128-row ranges;
+    heads of 16 take the vector attention path, heads of 8 the plain one."""
+    monkeypatch.setattr(eagle3_native, "GROWTH", 16)
+    monkeypatch.setattr(eagle3_native, "PIECE_ROWS", 8)
     vocab = 12
     model = tiny_target(seed=seed, vocab_size=vocab)
-    head = tiny_head(seed + 10, vocab_size=vocab, draft_vocab=10)
+    head = tiny_head(seed + 10, vocab_size=vocab, draft_vocab=10, head_dim=head_dim)
     with torch.no_grad():
         for name, parameter in head.named_parameters():
             if "norm" in name:
@@ -158,13 +172,34 @@ def test_the_native_heads_cache_after_many_rounds_matches_a_fresh_torch_recomput
     target = TorchRuntime(model, torch.device("cpu"), feature_layers=LAYER_IDS)
     runner = Eagle3Runtime(head, target, model.get_input_embeddings().weight, native=True)
     assert runner.name == "EAGLE-3 (native int8)"
-    context, logits = rounds_then_head_logits(runner, target, vocab, seed)
+    prompt = tuple(random.Random(seed).choices(range(vocab), k=150))
+    context, logits = rounds_then_head_logits(runner, target, vocab, seed, prompt)
     weight, scale = quantise_rows(model.get_input_embeddings().weight)
-    expected = reference_head_logits(int8_rounded(head), model, context, embeddings=weight.float() * scale[:, None])
+    reference, embeddings = int8_rounded(head), weight.float() * scale[:, None]
+    expected = reference_head_logits(reference, model, context, embeddings=embeddings)
     drafted = logits[head.target_ids]
     assert (drafted - expected).abs().max() <= 2e-3 * expected.abs().max(), (drafted - expected).abs().max()
     assert int(drafted.argmax()) == int(expected.argmax())
     assert torch.isinf(logits[~head.t2d]).all()  # tokens outside the draft vocabulary are never drafted
+    # The context read anew in pieces, every position's logits: each piece's own mask and rows.
+    runner.crop(0)
+    read = len(runner.target) - 1
+    every = runner.forward(context[:read], logits_wanted=read - 3)[:, head.target_ids]
+    expected = reference_head_logits(reference, model, context[:read], embeddings=embeddings, every=True)[3:]
+    assert (every - expected).abs().max() <= 2e-3 * expected.abs().max(), (every - expected).abs().max()
+
+
+def test_a_head_the_native_path_cannot_run_is_refused_with_the_reason_or_runs_in_torch():
+    model = tiny_target()
+    target = TorchRuntime(model, torch.device("cpu"), feature_layers=LAYER_IDS)
+    embeddings = model.get_input_embeddings().weight
+    odd = tiny_head(4, head_dim=7)
+    with pytest.raises(ValueError, match="head_dim 7"):
+        Eagle3Runtime(odd, target, embeddings, native=True)
+    assert Eagle3Runtime(odd, target, embeddings).name.startswith("EAGLE-3 (")  # the automatic choice: torch
+    assert "native" not in Eagle3Runtime(odd, target, embeddings).name
+    with pytest.raises(ValueError, match="not 32 wide"):
+        Eagle3Runtime(tiny_head(4), target, embeddings[:, :16], native=True)
 
 
 # --- sampling exactness -------------------------------------------------------------------
