@@ -28,11 +28,12 @@ from transformers import AutoConfig
 
 from ...prompts import DISTILL_PROMPTS, read_prompts
 from ...compat import check_pair_compatible
-from ...config import ConfigError, ModelSpec
+from ...config import ConfigError, ModelSpec, PairConfig
 from ...errors import ModelLoadError
 from ..export_gguf import DRAFT_PRECISION, export_gguf
 from ...models import LoadedModel, load_model, load_tokenizer_only, resolve_source
 from ...models import runtime_gguf
+from ...runtime_choice import load_choice, placement
 from ...runtime import llamacpp_library
 from .data import GenerationSettings, TorchBatchWriter, generate_split, load_split, split_prompts
 from .llamacpp_batch import LlamaCppBatchWriter
@@ -123,6 +124,13 @@ class RunSettings:
             )
         except (KeyError, TypeError) as error:
             raise ConfigError(f"malformed distillation settings: {error}") from error
+
+
+def _chat_placed(target: str) -> LoadedModel:
+    """`target` loaded as a pair of it alone loads it on this machine."""
+    config = PairConfig("distill", ModelSpec(target))
+    where = placement(config, load_choice(config))
+    return load_model(where.target, runtime=where.target_runtime)
 
 
 def default_heldout_tokens(tokens: int) -> int:
@@ -282,9 +290,11 @@ class Distillation:
         settings, eagle = self.settings, self.settings.eagle3
         vocabulary = self._eagle3_vocabulary(train_data, target)
         head = build_head(target.model, vocabulary, seed=eagle.seed, start=eagle.start)
-        # The features come from the runtime chats run the target on (llama.cpp's Q8_0 on a
-        # CPU for a GGUF target), so the head learns the features it will read.
-        recorder = load_model(ModelSpec(settings.target), runtime="auto") if target.device.type == "cpu" else target
+        # The features come from the runtime chats run the target on, so the head learns the
+        # features it will read: on a CPU where a pair of this target would load (the demo on
+        # the native int8 forward, which also reads them ~4x faster than llama.cpp here; a
+        # GGUF target otherwise on llama.cpp; what `tandem tune` chose, where it measured).
+        recorder = _chat_placed(settings.target) if target.device.type == "cpu" else target
         for split, data in (("heldout", heldout_data), ("train", train_data)):
             done = _Counter(f"{split} features", sum(len(sequence.token_ids) for sequence in data), progress)
             if not record_features(recorder, self.work_dir, split, head.config.layer_ids, should_stop, done.add):
