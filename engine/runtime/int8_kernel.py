@@ -187,6 +187,15 @@ def variant_name() -> str | None:
     return _variant.name if _loaded() is not None else None
 
 
+def use_amx(on: bool = True) -> bool:
+    """Whether AMX's tiles run the products of 2 or more tokens (int8_matmul.c says how; the
+    floats are the vector path's to the bit), after turning it on or off. False where the
+    build, the CPU or the operating system has none (every CPU without AMX: most desktops)."""
+    library = _loaded()
+    switch = getattr(library, "tandem_int8_use_amx", None) if library is not None else None
+    return bool(switch(int(on))) if switch is not None else False
+
+
 def unavailable_reason() -> str | None:
     """None where the kernel runs on this machine; otherwise why `_int_mm` runs instead."""
     _loaded()
@@ -297,6 +306,9 @@ def _load(library: Path) -> ctypes.CDLL:
         ctypes.c_int,
     ]
     head.restype = ctypes.c_int
+    if hasattr(loaded, "tandem_int8_use_amx"):  # the AVX-512 VNNI build only
+        loaded.tandem_int8_use_amx.argtypes = [ctypes.c_int]
+        loaded.tandem_int8_use_amx.restype = ctypes.c_int
     loaded.tandem_exp.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     loaded.tandem_exp.restype = None
     return loaded

@@ -29,6 +29,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define ROWS 16
 #define CHUNK 64
@@ -136,6 +138,111 @@ static void round_row(const float *x, int64_t k, uint8_t *first, uint8_t *second
     scales[1] = left_scale;
 }
 
+/* --- AMX: several tokens' products on the tile unit -------------------------------------
+ *
+ * Why: past the first token, each token's two levels cost the vector unit 2 x rows x k / 64
+ * VPDPBUSD, and those (not the memory) set a verify's price (docs/BENCHMARKS.md: a verify of
+ * 8 tokens cost 3.1x a step). A CPU with AMX multiplies a 16 x 64 int8 tile by a 64 x 16 one
+ * in one TDPBSUD: up to 8 tokens' two levels (16 columns) against 16 weight rows at once, so
+ * a verify of up to 8 tokens reads its weights once at about a step's speed.
+ * The weight is the A tile as it lies (16 rows, `stride` apart, 64 bytes of each); the
+ * rounded activations are repacked into B tiles (row r: 4 bytes k = 4r..4r+3 of each column,
+ * column c < 8: level one of token c, c >= 8: level two of token c - 8). The sums are the
+ * same integers the vector path gives, scaled by the same float operations, so the floats
+ * are the same to the bit whichever path ran.
+ * Used for 2 or more tokens where k is a multiple of 64 and the kernel lets this process use
+ * the tiles (Linux asks a process to request them: ARCH_REQ_XCOMP_PERM). */
+#if defined(__GNUC__) && __GNUC__ >= 11 && defined(__x86_64__) && defined(__linux__)
+#define TANDEM_AMX 1
+#define AMX_TARGET __attribute__((target("amx-tile,amx-int8")))
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define GROUP 8 /* tokens per B tile: two levels each fill its 16 columns */
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t bytes_per_row[16];
+    uint8_t rows[16];
+} TileConfig;
+
+static int amx_state = -1; /* -1 unknown, 0 off, 1 on */
+static int amx_wanted = 1; /* tandem_int8_use_amx: tests compare both paths */
+
+static int amx_available(void) {
+    if (amx_state < 0) {
+        unsigned a, b, c, d;
+        __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+        int cpu = (d >> 24) & 1 && (d >> 25) & 1; /* AMX-TILE, AMX-INT8 */
+        int state = cpu && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+        __atomic_store_n(&amx_state, state, __ATOMIC_SEQ_CST);
+    }
+    return amx_state;
+}
+
+/* Whether AMX runs the products of several tokens, after asking for it (on = 0 turns it off,
+ * 1 back on where the CPU and the kernel allow it). */
+int tandem_int8_use_amx(int on) {
+    amx_wanted = on;
+    return on && amx_available();
+}
+
+/* packed[group][chunk]: 16 x 64 bytes, as the header says. */
+static void pack_levels(const uint8_t *levels, int64_t m, int64_t padded, uint8_t *packed) {
+    int64_t chunks = padded / CHUNK, groups = (m + GROUP - 1) / GROUP;
+    memset(packed, 0, (size_t)(groups * chunks * 1024));
+    for (int64_t i = 0; i < m; i++)
+        for (int level = 0; level < 2; level++) {
+            const uint8_t *row = levels + (2 * i + level) * padded;
+            int column = level * GROUP + (int)(i % GROUP);
+            uint8_t *group = packed + (i / GROUP) * chunks * 1024;
+            for (int64_t c = 0; c < chunks; c++)
+                for (int r = 0; r < 16; r++)
+                    memcpy(group + c * 1024 + r * 64 + column * 4, row + c * CHUNK + r * 4, 4);
+        }
+}
+
+AMX_TARGET static void amx_block(const int8_t *rows, int64_t stride, int64_t k, const uint8_t *packed, int64_t m,
+                                 const int8_t *next, __m512i shift, const float *scales, __mmask16 lanes,
+                                 float *out, int64_t n) {
+    int64_t chunks = k / CHUNK;
+    int32_t sums[16][16] __attribute__((aligned(64)));
+    for (int64_t group = 0; group * GROUP < m; group++) {
+        const uint8_t *tiles = packed + group * chunks * 1024;
+        _tile_zero(2);
+        for (int64_t c = 0; c < chunks; c++) {
+            if (next != NULL && group == 0)
+                for (int r = 0; r < ROWS; r++) _mm_prefetch((const char *)(next + r * stride + c * CHUNK), _MM_HINT_T0);
+            _tile_loadd(0, rows + c * CHUNK, stride);
+            _tile_loadd(1, tiles + c * 1024, 64);
+            _tile_dpbsud(2, 0, 1);
+        }
+        _tile_stored(2, sums, 64);
+        /* column t of the 16 x 16 sums: token t's level one for the 16 rows; t + 8: level two */
+        __m512i rows_apart = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                _mm512_set1_epi32(16));
+        for (int64_t t = 0; t < GROUP && group * GROUP + t < m; t++) {
+            int64_t i = group * GROUP + t;
+            __m512i first = _mm512_i32gather_epi32(rows_apart, &sums[0][t], 4);
+            __m512i second = _mm512_i32gather_epi32(rows_apart, &sums[0][t + GROUP], 4);
+            __m512i level_sums = _mm512_sub_epi32(first, shift), left_sums = _mm512_sub_epi32(second, shift);
+            __m512 first_part = _mm512_mul_ps(_mm512_cvtepi32_ps(level_sums), _mm512_set1_ps(scales[2 * i]));
+            __m512 second_part = _mm512_mul_ps(_mm512_cvtepi32_ps(left_sums), _mm512_set1_ps(scales[2 * i + 1]));
+            _mm512_mask_storeu_ps(out + i * n, lanes, _mm512_add_ps(first_part, second_part));
+        }
+    }
+}
+
+/* Tiles 0 (weights), 1 (activations) and 2 (sums): 16 rows of 64 bytes each. Static data:
+ * GCC 12 dropped the stores into a stack copy as dead (it does not see LDTILECFG read them). */
+static const TileConfig TILES = {.palette = 1, .bytes_per_row = {64, 64, 64}, .rows = {16, 16, 16}};
+
+AMX_TARGET static void amx_start(void) { _tile_loadconfig(&TILES); }
+
+AMX_TARGET static void amx_end(void) { _tile_release(); }
+#else
+int tandem_int8_use_amx(int on) { (void)on; return 0; }
+#endif
+
 /* out (m, n) float32 = the float rows x (m, k), each rounded to int8 in two levels, times the
  * int8 weight rows (n of k bytes, `w_stride` apart) transposed: sums1 * scale1 + sums2 * scale2.
  * row_sums: the n weight rows' sums. Returns 0, or -1 where memory for the rounded rows could
@@ -156,7 +263,19 @@ int tandem_int8_product(const float *x, int64_t m, int64_t k, const int8_t *w, i
         round_row(x + i * k, k, first_level, second_level, leftover, scales + 2 * i);
     }
     int64_t blocks = (n + ROWS - 1) / ROWS;
-#pragma omp parallel for schedule(static) num_threads(threads)
+    uint8_t *packed = NULL;
+#ifdef TANDEM_AMX
+    if (m >= 2 && k % CHUNK == 0 && amx_wanted && amx_available()) {
+        packed = malloc((size_t)((m + GROUP - 1) / GROUP * (padded / CHUNK) * 1024));
+        if (packed != NULL) pack_levels(levels, m, padded, packed);
+    }
+#endif
+#pragma omp parallel num_threads(threads)
+    {
+#ifdef TANDEM_AMX
+    if (packed != NULL) amx_start();
+#endif
+#pragma omp for schedule(static)
     for (int64_t block = 0; block < blocks; block++) {
         int64_t first = block * ROWS;
         int count = n - first < ROWS ? (int)(n - first) : ROWS;
@@ -176,6 +295,13 @@ int tandem_int8_product(const float *x, int64_t m, int64_t k, const int8_t *w, i
         const int8_t *next = first + 2 * ROWS <= n ? rows + ROWS * stride : NULL;
         __mmask16 lanes = (__mmask16)((1u << count) - 1);
         __m512i shift = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(lanes, row_sums + first), 7); /* 128 * row sums */
+#ifdef TANDEM_AMX
+        if (packed != NULL) {
+            amx_block(rows, stride, k, packed, m, next, shift, scales, lanes, out + first, n);
+            free(last_rows);
+            continue;
+        }
+#endif
         for (int64_t i = 0; i < m; i++) {
             const uint8_t *first_level = levels + 2 * i * padded, *second_level = first_level + padded;
             /* rows 0-7 and 8-15, both levels each; the first token's passes fetch the next block
@@ -193,6 +319,10 @@ int tandem_int8_product(const float *x, int64_t m, int64_t k, const int8_t *w, i
         }
         free(last_rows);
     }
-    free(levels), free(scales), free(leftover);
+#ifdef TANDEM_AMX
+    if (packed != NULL) amx_end();
+#endif
+    }
+    free(levels), free(scales), free(leftover), free(packed);
     return failed ? -1 : 0;
 }

@@ -310,6 +310,8 @@ def machine_description(pair: LoadedPair) -> dict:
         description["gpu"] = device_name(device)
     elif pair.target.model is not None:  # a torch target on the CPU: which int8 products it runs
         description["int8_kernel"] = int8_kernel.variant_name() or f"none, oneDNN's _int_mm ({int8_kernel.unavailable_reason()})"
+        if int8_kernel.use_amx():
+            description["int8_kernel"] += ", AMX for 2+ tokens"
     return description
 
 

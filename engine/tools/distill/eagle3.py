@@ -375,7 +375,7 @@ class Eagle3Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        self.recent = (self.recent + [float(loss)])[-RECENT_STEPS:]
+        self.recent = (self.recent + [float(loss.detach())])[-RECENT_STEPS:]
         return int(batch.lengths.sum())
 
     @torch.inference_mode()

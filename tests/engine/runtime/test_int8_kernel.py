@@ -183,3 +183,25 @@ def test_a_compiled_graph_calls_the_kernel_for_one_token_and_fuses_torchs_roundi
     assert len(operators) == 2
     assert ("tandem.int8_product.default" in operators[0]) == each_variant.in_compiled_graphs
     assert "tandem.int8_product.default" not in operators[1] and any("_int_mm" in target for target in operators[1])
+
+
+@pytest.mark.skipif(not CAN_BUILD or "amx_int8" not in cpu_flags(), reason="this CPU has no AMX")
+@pytest.mark.parametrize("rows, width", [(100, 128), (49152 // 64, 576), (576, 1536), (33, 64)])
+def test_amx_gives_the_vector_paths_floats_to_the_bit(rows, width):
+    """Tokens past the first run on AMX's tiles where the CPU has them: the same integer sums,
+    scaled alike, so the same floats as the vector path, for every token count (groups of 8
+    tokens, a last group part full) and a last block of fewer than 16 weight rows."""
+    assert int8_kernel.use_amx(True), "AMX is on this CPU, but the kernel does not use it"
+    weight = random_int8(rows, width, seed=rows)
+    sums = weight_row_sums(weight)
+    try:
+        for tokens in (2, 3, 8, 9, 16, 17):
+            x = activations(tokens, width, seed=tokens)
+            int8_kernel.use_amx(True)
+            on_tiles = kernel_product(x, weight, sums)
+            int8_kernel.use_amx(False)
+            on_vectors = kernel_product(x, weight, sums)
+            assert torch.equal(on_tiles, on_vectors), tokens
+            assert torch.equal(on_tiles, torch_product(x, weight)), tokens
+    finally:
+        int8_kernel.use_amx(True)
