@@ -187,13 +187,13 @@ def variant_name() -> str | None:
     return _variant.name if _loaded() is not None else None
 
 
-def use_amx(on: bool = True) -> bool:
+def use_amx(on: bool | None = None) -> bool:
     """Whether AMX's tiles run the products of 2 or more tokens (int8_matmul.c says how; the
-    floats are the vector path's to the bit), after turning it on or off. False where the
-    build, the CPU or the operating system has none (every CPU without AMX: most desktops)."""
+    floats are the vector path's to the bit), after turning it on or off (None: only asks).
+    False where the build, the CPU or the operating system has none (most desktops)."""
     library = _loaded()
     switch = getattr(library, "tandem_int8_use_amx", None) if library is not None else None
-    return bool(switch(int(on))) if switch is not None else False
+    return bool(switch(-1 if on is None else int(on))) if switch is not None else False
 
 
 def unavailable_reason() -> str | None:

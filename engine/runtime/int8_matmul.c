@@ -179,11 +179,11 @@ static int amx_available(void) {
     return amx_state;
 }
 
-/* Whether AMX runs the products of several tokens, after asking for it (on = 0 turns it off,
- * 1 back on where the CPU and the kernel allow it). */
+/* Whether AMX runs the products of several tokens (on = 0 turns it off, 1 back on where the
+ * CPU and the kernel allow it, -1 only asks). */
 int tandem_int8_use_amx(int on) {
-    amx_wanted = on;
-    return on && amx_available();
+    if (on >= 0) amx_wanted = on;
+    return amx_wanted && amx_available();
 }
 
 /* packed[group][chunk]: 16 x 64 bytes, as the header says. */
@@ -240,7 +240,7 @@ AMX_TARGET static void amx_start(void) { _tile_loadconfig(&TILES); }
 
 AMX_TARGET static void amx_end(void) { _tile_release(); }
 #else
-int tandem_int8_use_amx(int on) { (void)on; return 0; }
+int tandem_int8_use_amx(int on) { (void)on; return 0; } /* no AMX in this build */
 #endif
 
 /* out (m, n) float32 = the float rows x (m, k), each rounded to int8 in two levels, times the
@@ -297,6 +297,8 @@ int tandem_int8_product(const float *x, int64_t m, int64_t k, const int8_t *w, i
         __m512i shift = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(lanes, row_sums + first), 7); /* 128 * row sums */
 #ifdef TANDEM_AMX
         if (packed != NULL) {
+            /* GCC's tile loads are asm with register inputs only: make the copies above visible */
+            __asm__ volatile("" ::: "memory");
             amx_block(rows, stride, k, packed, m, next, shift, scales, lanes, out + first, n);
             free(last_rows);
             continue;

@@ -192,14 +192,15 @@ def test_amx_gives_the_vector_paths_floats_to_the_bit(rows, width):
     scaled alike, so the same floats as the vector path, for every token count (groups of 8
     tokens, a last group part full) and a last block of fewer than 16 weight rows."""
     assert int8_kernel.use_amx(True), "AMX is on this CPU, but the kernel does not use it"
-    weight = random_int8(rows, width, seed=rows)
-    sums = weight_row_sums(weight)
+    weight = random_int8(rows, width + 64, seed=rows)[:, :width]  # rows further apart than they are long
+    sums = weight_row_sums(weight.contiguous())
     try:
         for tokens in (2, 3, 8, 9, 16, 17):
             x = activations(tokens, width, seed=tokens)
             int8_kernel.use_amx(True)
             on_tiles = kernel_product(x, weight, sums)
             int8_kernel.use_amx(False)
+            assert not int8_kernel.use_amx()  # asking changes nothing
             on_vectors = kernel_product(x, weight, sums)
             assert torch.equal(on_tiles, on_vectors), tokens
             assert torch.equal(on_tiles, torch_product(x, weight)), tokens
