@@ -236,9 +236,21 @@ AMX_TARGET static void amx_block(const int8_t *rows, int64_t stride, int64_t k, 
  * GCC 12 dropped the stores into a stack copy as dead (it does not see LDTILECFG read them). */
 static const TileConfig TILES = {.palette = 1, .bytes_per_row = {64, 64, 64}, .rows = {16, 16, 16}};
 
-AMX_TARGET static void amx_start(void) { _tile_loadconfig(&TILES); }
+/* The threads are OpenMP's, shared with torch and any other library in the process; ggml's
+ * AMX kernels configure a thread's tiles once and expect them to stay configured. So each
+ * thread's configuration is kept and given back afterwards (not its tile data: no one keeps
+ * data in tiles between calls), and a thread that had none is released. */
+AMX_TARGET static void amx_start(TileConfig *theirs) {
+    _tile_storeconfig(theirs);
+    _tile_loadconfig(&TILES);
+}
 
-AMX_TARGET static void amx_end(void) { _tile_release(); }
+AMX_TARGET static void amx_end(const TileConfig *theirs) {
+    if (theirs->palette != 0)
+        _tile_loadconfig(theirs);
+    else
+        _tile_release();
+}
 #else
 int tandem_int8_use_amx(int on) { (void)on; return 0; } /* no AMX in this build */
 #endif
@@ -273,7 +285,8 @@ int tandem_int8_product(const float *x, int64_t m, int64_t k, const int8_t *w, i
 #pragma omp parallel num_threads(threads)
     {
 #ifdef TANDEM_AMX
-    if (packed != NULL) amx_start();
+    TileConfig theirs __attribute__((aligned(64)));
+    if (packed != NULL) amx_start(&theirs);
 #endif
 #pragma omp for schedule(static)
     for (int64_t block = 0; block < blocks; block++) {
@@ -322,7 +335,7 @@ int tandem_int8_product(const float *x, int64_t m, int64_t k, const int8_t *w, i
         free(last_rows);
     }
 #ifdef TANDEM_AMX
-    if (packed != NULL) amx_end();
+    if (packed != NULL) amx_end(&theirs);
 #endif
     }
     free(levels), free(scales), free(leftover), free(packed);

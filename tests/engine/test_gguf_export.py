@@ -20,6 +20,7 @@ from engine.tools.distill.data import GenerationSettings
 from engine.tools.distill.pipeline import Distillation, RunSettings
 from engine.tools.distill.train import TrainSettings
 from engine.errors import ModelLoadError
+from engine.runtime.cpu import repacking_crashes
 from engine.tools.export_gguf import DRAFT_PRECISION, export_gguf
 from engine.tools.gguf_vocab import UnsupportedTokenizerError, read_vocabulary
 
@@ -85,7 +86,11 @@ class LlamaCppRunner:
 
     def __init__(self, llama_cpp, path: Path):
         self.api = llama_cpp
-        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), llama_cpp.llama_model_default_params())
+        model_params = llama_cpp.llama_model_default_params()
+        # As Tandem's own runtime loads it: on a CPU with AMX, llama.cpp's repacked buffers
+        # crash its first decode (engine/runtime/cpu.py, repacking_crashes).
+        model_params.use_extra_bufts = not repacking_crashes()
+        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), model_params)
         assert self.model, f"llama.cpp could not load {path}"
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = params.n_batch = params.n_ubatch = 64
