@@ -5,8 +5,10 @@ Runs on this machine drift by ±15% minutes apart, more than a kernel change is 
 libraries are built here with the flags the runtime uses and the runtime's forward switches
 between them call by call: a forward of k tokens after CONTEXT cached tokens, every logit
 row wanted, median of REPEATS each. Also prints how far apart the two builds' logits are
-(the same argmax expected; the floats differ where the arithmetic changed), and how long each
-reads a prompt in pieces of 64 tokens.
+(the same argmax expected; the floats differ where the arithmetic changed), each build's verify
+of k tokens over its own one-token step (the two timed back to back, the median of those
+ratios: the host's drift moves both alike), and how long each reads a prompt in pieces of 64
+tokens.
 
   .venv/bin/python docs/bench/native_forward_ab.py BEFORE [TOKENS ...]
 """
@@ -73,6 +75,20 @@ def main() -> None:
             print(f"{count:2d} tokens: before {medians['before']:6.2f} ms, after {medians['after']:6.2f} ms "
                   f"(after/before {medians['after'] / medians['before']:.3f}); logits at most {apart:.3g} apart, same argmax: {same}",
                   flush=True)
+        # A verify's price in steps: each build's step and k-token verify back to back, so the
+        # ratio of the two is taken within a few milliseconds
+        ratios: dict[tuple[str, int], list[float]] = {}
+        for repeat in range(REPEATS):
+            order = list(libraries.items()) if repeat % 2 == 0 else list(libraries.items())[::-1]
+            for name, library in order:
+                target.native.library = library
+                step = time_verify(target, context, 1)
+                for count in tokens:
+                    if count > 1:
+                        ratios.setdefault((name, count), []).append(time_verify(target, context, count) / step)
+        for name in libraries:
+            print(f"{name}: verify / step, median of {REPEATS} pairs: "
+                  + "  ".join(f"{count} tokens {statistics.median(ratios[(name, count)]):.2f}x" for count in tokens if count > 1))
         # A prompt: natively in pieces of 64 with either build, and as before this change, in
         # eager torch past the kernel's 16 rows.
         prompt = [1000 + (i * 7) % 5000 for i in range(400)]

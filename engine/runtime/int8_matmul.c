@@ -115,12 +115,15 @@ static void round_row(const float *x, int64_t k, uint8_t *first, uint8_t *second
         largest = _mm512_max_ps(largest, _mm512_abs_ps(values));
     }
     float scale = scale_of(largest, any_nan);
-    __m512 first_scale = _mm512_set1_ps(scale), left_largest = _mm512_setzero_ps();
+    /* times the scale's reciprocal, not divided by the scale: a division per value had been a
+     * third of the rounding's time (torch_product does the same) */
+    __m512 first_scale = _mm512_set1_ps(scale), first_inverse = _mm512_set1_ps(1.0f / scale);
+    __m512 left_largest = _mm512_setzero_ps();
     __mmask16 left_nan = 0;
     for (int64_t j = 0; j < k; j += 16) {
         __mmask16 lanes = lanes_from(j, k);
         __m512 values = _mm512_maskz_loadu_ps(lanes, x + j);
-        __m512 level = _mm512_roundscale_ps(_mm512_div_ps(values, first_scale), nearest);
+        __m512 level = _mm512_roundscale_ps(_mm512_mul_ps(values, first_inverse), nearest);
         store_level(first + j, lanes, level);
         __m512 left = _mm512_sub_ps(values, _mm512_mul_ps(level, first_scale));
         _mm512_mask_storeu_ps(leftover + j, lanes, left);
@@ -128,14 +131,58 @@ static void round_row(const float *x, int64_t k, uint8_t *first, uint8_t *second
         left_largest = _mm512_max_ps(left_largest, _mm512_abs_ps(left));
     }
     float left_scale = scale_of(left_largest, left_nan);
-    __m512 second_scale = _mm512_set1_ps(left_scale);
+    __m512 second_inverse = _mm512_set1_ps(1.0f / left_scale);
     for (int64_t j = 0; j < k; j += 16) {
         __mmask16 lanes = lanes_from(j, k);
         __m512 left = _mm512_maskz_loadu_ps(lanes, leftover + j);
-        store_level(second + j, lanes, _mm512_roundscale_ps(_mm512_div_ps(left, second_scale), nearest));
+        store_level(second + j, lanes, _mm512_roundscale_ps(_mm512_mul_ps(left, second_inverse), nearest));
     }
     scales[0] = scale;
     scales[1] = left_scale;
+}
+
+/* A block's products times the layer's per-row scale, plus its bias, where given: what
+ * Int8Linear does after the product, the same float operations in the same order, done here
+ * while the 16 floats are in a register rather than in another pass over the output. */
+static inline __m512 scaled(__m512 product, const float *row_scale, const float *bias, __mmask16 lanes) {
+    if (row_scale != NULL) product = _mm512_mul_ps(product, _mm512_maskz_loadu_ps(lanes, row_scale));
+    if (bias != NULL) product = _mm512_add_ps(product, _mm512_maskz_loadu_ps(lanes, bias));
+    return product;
+}
+
+/* One block of 16 weight rows, ready for the products: where its rows are (the last rows
+ * of a weight copied into zeros, so that every block is 16 rows), which rows to fetch while it
+ * runs, and what its outputs are scaled, shifted and biased by. */
+typedef struct {
+    const int8_t *rows, *next;
+    int8_t *copy; /* the zero-padded copy of a short last block, or NULL */
+    int64_t stride;
+    __mmask16 lanes;
+    __m512i shift; /* 128 * the rows' sums */
+    const float *scale, *bias;
+    float *out; /* the block's first output of token 0 */
+} Block;
+
+/* Block `index` of the weight; fetching the block `ahead` blocks on. Returns -1 where memory
+ * for a short last block's copy could not be had. */
+static int block_at(int64_t index, int64_t ahead, const int8_t *w, int64_t n, int64_t k, int64_t w_stride,
+                    const int32_t *row_sums, const float *row_scale, const float *bias, float *out, Block *b) {
+    int64_t first = index * ROWS, padded = (k + CHUNK - 1) / CHUNK * CHUNK;
+    int count = n - first < ROWS ? (int)(n - first) : ROWS;
+    b->rows = w + first * w_stride, b->stride = w_stride, b->copy = NULL;
+    if (count < ROWS) {
+        b->copy = calloc((size_t)ROWS * padded, 1);
+        if (b->copy == NULL) return -1;
+        for (int r = 0; r < count; r++) memcpy(b->copy + r * padded, b->rows + r * w_stride, (size_t)k);
+        b->rows = b->copy, b->stride = padded;
+    }
+    b->next = first + (ahead + 1) * ROWS <= n ? b->rows + ahead * ROWS * b->stride : NULL;
+    b->lanes = (__mmask16)((1u << count) - 1);
+    b->shift = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(b->lanes, row_sums + first), 7);
+    b->scale = row_scale != NULL ? row_scale + first : NULL;
+    b->bias = bias != NULL ? bias + first : NULL;
+    b->out = out + first;
+    return 0;
 }
 
 /* --- AMX: several tokens' products on the tile unit -------------------------------------
@@ -186,48 +233,77 @@ int tandem_int8_use_amx(int on) {
     return amx_wanted && amx_available();
 }
 
-/* packed[group][chunk]: 16 x 64 bytes, as the header says. */
-static void pack_levels(const uint8_t *levels, int64_t m, int64_t padded, uint8_t *packed) {
-    int64_t chunks = padded / CHUNK, groups = (m + GROUP - 1) / GROUP;
-    memset(packed, 0, (size_t)(groups * chunks * 1024));
-    for (int64_t i = 0; i < m; i++)
-        for (int level = 0; level < 2; level++) {
-            const uint8_t *row = levels + (2 * i + level) * padded;
-            int column = level * GROUP + (int)(i % GROUP);
-            uint8_t *group = packed + (i / GROUP) * chunks * 1024;
-            for (int64_t c = 0; c < chunks; c++)
-                for (int r = 0; r < 16; r++)
-                    memcpy(group + c * 1024 + r * 64 + column * 4, row + c * CHUNK + r * 4, 4);
-        }
+/* B tile `tile` (packed[group][chunk], 16 x 64 bytes, as the header says) from the levels of
+ * its group's tokens; a token past m (the last group's spare columns) gets zeros. A tile per
+ * call, so threads packing different tiles never write the same cache line. */
+static void pack_tile(const uint8_t *levels, int64_t m, int64_t padded, int64_t tile, uint8_t *packed) {
+    int64_t chunks = padded / CHUNK, group = tile / chunks, c = tile % chunks;
+    uint8_t *to = packed + tile * 1024;
+    for (int column = 0; column < 2 * GROUP; column++) {
+        int64_t i = group * GROUP + column % GROUP;
+        const uint8_t *from = levels + (2 * i + column / GROUP) * padded + c * CHUNK;
+        for (int r = 0; r < 16; r++)
+            if (i < m)
+                memcpy(to + r * 64 + column * 4, from + r * 4, 4);
+            else
+                memset(to + r * 64 + column * 4, 0, 4);
+    }
 }
 
-AMX_TARGET static void amx_block(const int8_t *rows, int64_t stride, int64_t k, const uint8_t *packed, int64_t m,
-                                 const int8_t *next, __m512i shift, const float *scales, __mmask16 lanes,
-                                 float *out, int64_t n) {
+/* The 16 x 16 sums with rows and columns swapped: column[j] lane r = sums[r][j]. Four rounds
+ * of shuffles (64 in all), where 16 gathers of a column each had cost the epilogue more than
+ * the tile products of a block. */
+static inline void columns_of(const int32_t sums[16][16], __m512i column[16]) {
+    __m512i row[16], pair[16], quad[16];
+    for (int r = 0; r < 16; r++) row[r] = _mm512_load_si512(sums[r]);
+    for (int r = 0; r < 16; r += 2) { /* each 128-bit lane: rows r, r+1 of two columns */
+        pair[r] = _mm512_unpacklo_epi32(row[r], row[r + 1]);
+        pair[r + 1] = _mm512_unpackhi_epi32(row[r], row[r + 1]);
+    }
+    for (int r = 0; r < 16; r += 4) { /* quad[r + c] lane l: rows r..r+3 of column 4l + c */
+        quad[r] = _mm512_unpacklo_epi64(pair[r], pair[r + 2]);
+        quad[r + 1] = _mm512_unpackhi_epi64(pair[r], pair[r + 2]);
+        quad[r + 2] = _mm512_unpacklo_epi64(pair[r + 1], pair[r + 3]);
+        quad[r + 3] = _mm512_unpackhi_epi64(pair[r + 1], pair[r + 3]);
+    }
+    for (int c = 0; c < 4; c++) { /* gather each column's four 128-bit lanes */
+        __m512i low_lo = _mm512_shuffle_i32x4(quad[c], quad[4 + c], 0x44), low_hi = _mm512_shuffle_i32x4(quad[c], quad[4 + c], 0xEE);
+        __m512i high_lo = _mm512_shuffle_i32x4(quad[8 + c], quad[12 + c], 0x44);
+        __m512i high_hi = _mm512_shuffle_i32x4(quad[8 + c], quad[12 + c], 0xEE);
+        column[c] = _mm512_shuffle_i32x4(low_lo, high_lo, 0x88);
+        column[c + 4] = _mm512_shuffle_i32x4(low_lo, high_lo, 0xDD);
+        column[c + 8] = _mm512_shuffle_i32x4(low_hi, high_hi, 0x88);
+        column[c + 12] = _mm512_shuffle_i32x4(low_hi, high_hi, 0xDD);
+    }
+}
+
+/* A block's products for all m tokens: a group of 8 tokens at a time, its sums in one tile. */
+AMX_TARGET static void amx_block(const Block *b, int64_t k, const uint8_t *packed, int64_t m, const float *scales,
+                                 int64_t n) {
     int64_t chunks = k / CHUNK;
     int32_t sums[16][16] __attribute__((aligned(64)));
     for (int64_t group = 0; group * GROUP < m; group++) {
         const uint8_t *tiles = packed + group * chunks * 1024;
         _tile_zero(2);
         for (int64_t c = 0; c < chunks; c++) {
-            if (next != NULL && group == 0)
-                for (int r = 0; r < ROWS; r++) _mm_prefetch((const char *)(next + r * stride + c * CHUNK), _MM_HINT_T0);
-            _tile_loadd(0, rows + c * CHUNK, stride);
+            if (b->next != NULL && group == 0)
+                for (int r = 0; r < ROWS; r++) _mm_prefetch((const char *)(b->next + r * b->stride + c * CHUNK), _MM_HINT_T1);
+            _tile_loadd(0, b->rows + c * CHUNK, b->stride);
             _tile_loadd(1, tiles + c * 1024, 64);
             _tile_dpbsud(2, 0, 1);
         }
         _tile_stored(2, sums, 64);
         /* column t of the 16 x 16 sums: token t's level one for the 16 rows; t + 8: level two */
-        __m512i rows_apart = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                _mm512_set1_epi32(16));
+        __m512i column[16];
+        columns_of(sums, column);
         for (int64_t t = 0; t < GROUP && group * GROUP + t < m; t++) {
             int64_t i = group * GROUP + t;
-            __m512i first = _mm512_i32gather_epi32(rows_apart, &sums[0][t], 4);
-            __m512i second = _mm512_i32gather_epi32(rows_apart, &sums[0][t + GROUP], 4);
-            __m512i level_sums = _mm512_sub_epi32(first, shift), left_sums = _mm512_sub_epi32(second, shift);
+            __m512i level_sums = _mm512_sub_epi32(column[t], b->shift);
+            __m512i left_sums = _mm512_sub_epi32(column[t + GROUP], b->shift);
             __m512 first_part = _mm512_mul_ps(_mm512_cvtepi32_ps(level_sums), _mm512_set1_ps(scales[2 * i]));
             __m512 second_part = _mm512_mul_ps(_mm512_cvtepi32_ps(left_sums), _mm512_set1_ps(scales[2 * i + 1]));
-            _mm512_mask_storeu_ps(out + i * n, lanes, _mm512_add_ps(first_part, second_part));
+            __m512 product = scaled(_mm512_add_ps(first_part, second_part), b->scale, b->bias, b->lanes);
+            _mm512_mask_storeu_ps(b->out + i * n, b->lanes, product);
         }
     }
 }
@@ -256,83 +332,100 @@ int tandem_int8_use_amx(int on) { (void)on; return 0; } /* no AMX in this build 
 #endif
 
 /* out (m, n) float32 = the float rows x (m, k), each rounded to int8 in two levels, times the
- * int8 weight rows (n of k bytes, `w_stride` apart) transposed: sums1 * scale1 + sums2 * scale2.
- * row_sums: the n weight rows' sums. Returns 0, or -1 where memory for the rounded rows could
+ * int8 weight rows (n of k bytes, `w_stride` apart) transposed: sums1 * scale1 + sums2 * scale2,
+ * then times row_scale[j] and plus bias[j] for output j where those are not NULL.
+ * row_sums: the n weight rows' sums. Where `prepare` is not NULL, prepare(context, i) first
+ * writes row i of x: the decoder forward's steps between two products, run by the threads that
+ * round the rows (decoder_forward.c). Returns 0, or -1 where memory for the rounded rows could
  * not be had. */
-int tandem_int8_product(const float *x, int64_t m, int64_t k, const int8_t *w, int64_t n,
-                        int64_t w_stride, const int32_t *row_sums, float *out, int threads) {
+int tandem_int8_linear(const float *x, int64_t m, int64_t k, const int8_t *w, int64_t n, int64_t w_stride,
+                       const int32_t *row_sums, const float *row_scale, const float *bias, float *out,
+                       void (*prepare)(const void *context, int64_t row), const void *context, int threads) {
     int64_t padded = (k + CHUNK - 1) / CHUNK * CHUNK;
     uint8_t *levels = malloc((size_t)(2 * m) * padded); /* row i: levels 2i and 2i+1 */
     float *scales = malloc(sizeof(float) * 2 * m);
-    float *leftover = malloc(sizeof(float) * k);
+    float *leftover = malloc(sizeof(float) * m * k);
     int failed = 0;
     if (levels == NULL || scales == NULL || leftover == NULL) {
         free(levels), free(scales), free(leftover);
         return -1;
     }
-    for (int64_t i = 0; i < m; i++) {
-        uint8_t *first_level = levels + 2 * i * padded, *second_level = first_level + padded;
-        round_row(x + i * k, k, first_level, second_level, leftover, scales + 2 * i);
-    }
     int64_t blocks = (n + ROWS - 1) / ROWS;
     uint8_t *packed = NULL;
 #ifdef TANDEM_AMX
-    if (m >= 2 && k % CHUNK == 0 && amx_wanted && amx_available()) {
-        packed = malloc((size_t)((m + GROUP - 1) / GROUP * (padded / CHUNK) * 1024));
-        if (packed != NULL) pack_levels(levels, m, padded, packed);
-    }
+    int64_t groups = (m + GROUP - 1) / GROUP;
+    if (m >= 2 && k % CHUNK == 0 && amx_wanted && amx_available())
+        packed = malloc((size_t)(groups * (padded / CHUNK) * 1024));
 #endif
+    /* One token is rounded before the threads start; several are rounded (and packed) by the
+     * threads: for a verify the rounding was a tenth of the forward, with one thread waiting. */
+    int rounded_by_threads = m > 1;
+    if (!rounded_by_threads)
+        for (int64_t i = 0; i < m; i++) {
+            if (prepare != NULL) prepare(context, i);
+            round_row(x + i * k, k, levels + 2 * i * padded, levels + (2 * i + 1) * padded, leftover + i * k, scales + 2 * i);
+        }
 #pragma omp parallel num_threads(threads)
     {
+    if (rounded_by_threads) {
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < m; i++) {
+            if (prepare != NULL) prepare(context, i);
+            round_row(x + i * k, k, levels + 2 * i * padded, levels + (2 * i + 1) * padded, leftover + i * k, scales + 2 * i);
+        }
+    }
 #ifdef TANDEM_AMX
     TileConfig theirs __attribute__((aligned(64)));
-    if (packed != NULL) amx_start(&theirs);
-#endif
+    if (packed != NULL) {
 #pragma omp for schedule(static)
-    for (int64_t block = 0; block < blocks; block++) {
-        int64_t first = block * ROWS;
-        int count = n - first < ROWS ? (int)(n - first) : ROWS;
-        const int8_t *rows = w + first * w_stride;
-        int64_t stride = w_stride;
-        int8_t *last_rows = NULL;
-        if (count < ROWS) { /* the last rows, copied into zeros: every block is 16 rows */
-            last_rows = calloc((size_t)ROWS * padded, 1);
-            if (last_rows == NULL) {
+        for (int64_t tile = 0; tile < groups * (padded / CHUNK); tile++) pack_tile(levels, m, padded, tile, packed);
+        amx_start(&theirs);
+    }
+#endif
+#ifdef TANDEM_AMX
+    if (packed != NULL) {
+#pragma omp for schedule(static)
+        for (int64_t index = 0; index < blocks; index++) {
+            Block block;
+            if (block_at(index, 1, w, n, k, w_stride, row_sums, row_scale, bias, out, &block)) {
 #pragma omp atomic write
                 failed = 1;
                 continue;
             }
-            for (int r = 0; r < count; r++) memcpy(last_rows + r * padded, rows + r * w_stride, (size_t)k);
-            rows = last_rows, stride = padded;
-        }
-        const int8_t *next = first + 2 * ROWS <= n ? rows + ROWS * stride : NULL;
-        __mmask16 lanes = (__mmask16)((1u << count) - 1);
-        __m512i shift = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(lanes, row_sums + first), 7); /* 128 * row sums */
-#ifdef TANDEM_AMX
-        if (packed != NULL) {
-            /* GCC's tile loads are asm with register inputs only: make the copies above visible */
+            /* GCC's tile loads are asm with register inputs only: make a copied block visible */
             __asm__ volatile("" ::: "memory");
-            amx_block(rows, stride, k, packed, m, next, shift, scales, lanes, out + first, n);
-            free(last_rows);
+            amx_block(&block, k, packed, m, scales, n);
+            free(block.copy);
+        }
+    } else
+#endif
+    {
+#pragma omp for schedule(static)
+    for (int64_t index = 0; index < blocks; index++) {
+        Block block;
+        if (block_at(index, 1, w, n, k, w_stride, row_sums, row_scale, bias, out, &block)) {
+#pragma omp atomic write
+            failed = 1;
             continue;
         }
-#endif
         for (int64_t i = 0; i < m; i++) {
             const uint8_t *first_level = levels + 2 * i * padded, *second_level = first_level + padded;
             /* rows 0-7 and 8-15, both levels each; the first token's passes fetch the next block
              * (half of it in each) */
-            const int8_t *fetch = i == 0 ? next : NULL;
-            __m512i low = dot_half(first_level, second_level, rows, stride, k, fetch);
-            __m512i high = dot_half(first_level, second_level, rows + 8 * stride, stride, k, fetch == NULL ? NULL : fetch + 8 * stride);
+            const int8_t *fetch = i == 0 ? block.next : NULL;
+            __m512i low = dot_half(first_level, second_level, block.rows, block.stride, k, fetch);
+            __m512i high = dot_half(first_level, second_level, block.rows + 8 * block.stride, block.stride, k,
+                                    fetch == NULL ? NULL : fetch + 8 * block.stride);
             /* level one: low's lanes 0-7 then high's 0-7; level two: their lanes 8-15 */
-            __m512i sums = _mm512_sub_epi32(_mm512_shuffle_i64x2(low, high, 0x44), shift);
-            __m512i left_sums = _mm512_sub_epi32(_mm512_shuffle_i64x2(low, high, 0xEE), shift);
+            __m512i sums = _mm512_sub_epi32(_mm512_shuffle_i64x2(low, high, 0x44), block.shift);
+            __m512i left_sums = _mm512_sub_epi32(_mm512_shuffle_i64x2(low, high, 0xEE), block.shift);
             __m512 first_part = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(scales[2 * i]));
             __m512 second_part = _mm512_mul_ps(_mm512_cvtepi32_ps(left_sums), _mm512_set1_ps(scales[2 * i + 1]));
-            __m512 product = _mm512_add_ps(first_part, second_part);
-            _mm512_mask_storeu_ps(out + i * n + first, lanes, product);
+            __m512 product = scaled(_mm512_add_ps(first_part, second_part), block.scale, block.bias, block.lanes);
+            _mm512_mask_storeu_ps(block.out + i * n, block.lanes, product);
         }
-        free(last_rows);
+        free(block.copy);
+    }
     }
 #ifdef TANDEM_AMX
     if (packed != NULL) amx_end(&theirs);
@@ -340,4 +433,10 @@ int tandem_int8_product(const float *x, int64_t m, int64_t k, const int8_t *w, i
     }
     free(levels), free(scales), free(leftover), free(packed);
     return failed ? -1 : 0;
+}
+
+/* The product alone (no scale, no bias): int8_kernel.py's operator. */
+int tandem_int8_product(const float *x, int64_t m, int64_t k, const int8_t *w, int64_t n,
+                        int64_t w_stride, const int32_t *row_sums, float *out, int threads) {
+    return tandem_int8_linear(x, m, k, w, n, w_stride, row_sums, NULL, NULL, out, NULL, NULL, threads);
 }

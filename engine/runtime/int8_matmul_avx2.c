@@ -37,20 +37,20 @@ static void round_row(const float *x, int64_t k, int8_t *first, int8_t *second, 
         any_nan |= isnan(x[j]);
         largest = fabsf(x[j]) > largest ? fabsf(x[j]) : largest;
     }
-    float scale = scale_of(largest, any_nan);
+    float scale = scale_of(largest, any_nan), inverse = 1.0f / scale; /* times it, as int8_matmul.c */
     float left_largest = 0.0f;
     int left_nan = 0;
     for (int64_t j = 0; j < k; j++) {
-        float level = nearbyintf(x[j] / scale); /* half to even, as torch.round */
+        float level = nearbyintf(x[j] * inverse); /* half to even, as torch.round */
         first[j] = any_nan ? 0 : (int8_t)(int)level; /* a NaN row's product is NaN whatever its levels */
         float product = level * scale;
         leftover[j] = x[j] - product;
         left_nan |= isnan(leftover[j]);
         left_largest = fabsf(leftover[j]) > left_largest ? fabsf(leftover[j]) : left_largest;
     }
-    float left_scale = scale_of(left_largest, left_nan);
+    float left_scale = scale_of(left_largest, left_nan), left_inverse = 1.0f / left_scale;
     for (int64_t j = 0; j < k; j++) {
-        float level = nearbyintf(leftover[j] / left_scale);
+        float level = nearbyintf(leftover[j] * left_inverse);
         second[j] = left_nan ? 0 : (int8_t)(int)level;
     }
     scales[0] = scale;
@@ -134,5 +134,24 @@ int tandem_int8_product(const float *x, int64_t m, int64_t k, const int8_t *w, i
         }
     }
     free(levels), free(scales), free(leftover), free(zero_row);
+    return 0;
+}
+
+/* int8_matmul.c's contract: each row prepared, the product, then times row_scale[j] and plus
+ * bias[j] where those are not NULL; here one after the other (this variant is the fallback of
+ * CPUs without AVX-512; the decoder forward's few tokens make those passes small). */
+int tandem_int8_linear(const float *x, int64_t m, int64_t k, const int8_t *w, int64_t n, int64_t w_stride,
+                       const int32_t *row_sums, const float *row_scale, const float *bias, float *out,
+                       void (*prepare)(const void *context, int64_t row), const void *context, int threads) {
+    if (prepare != NULL)
+        for (int64_t i = 0; i < m; i++) prepare(context, i);
+    if (tandem_int8_product(x, m, k, w, n, w_stride, row_sums, out, threads)) return -1;
+    for (int64_t i = 0; i < m; i++) {
+        float *row = out + i * n;
+        if (row_scale != NULL)
+            for (int64_t j = 0; j < n; j++) row[j] = row[j] * row_scale[j];
+        if (bias != NULL)
+            for (int64_t j = 0; j < n; j++) row[j] = row[j] + bias[j];
+    }
     return 0;
 }

@@ -76,6 +76,26 @@ def test_the_kernel_gives_the_torch_versions_floats_for_every_shape(each_variant
     assert out.dtype == torch.float32 and torch.equal(out, torch_product(x, weight))
 
 
+def test_the_kernel_rounds_values_a_division_by_the_scale_would_round_otherwise(each_variant):
+    """Both versions multiply by the scale's reciprocal. Values within a few ulps of a level's
+    half-way point, where a division rounds some of them the other way, make a kernel that
+    divided disagree with torch_product."""
+    largest = torch.tensor(1.3)
+    scale = largest / 127.0  # the scale of a row whose largest value is 1.3
+    near = (torch.arange(-126, 126, dtype=torch.float32) + 0.5) * scale
+    above, below = [near], [near]
+    for _ in range(4):
+        above.append(torch.nextafter(above[-1], torch.tensor(float("inf"))))
+        below.append(torch.nextafter(below[-1], torch.tensor(float("-inf"))))
+    candidates = torch.cat(above + below)
+    differ = candidates[torch.round(candidates / scale) != torch.round(candidates * (1.0 / scale))][:63]
+    assert len(differ) >= 8  # what makes this test able to fail
+    x = torch.zeros(1, 64)
+    x[0, 0], x[0, 1 : 1 + len(differ)] = largest, differ
+    weight = torch.eye(64, dtype=torch.int8) * 127  # each output reads one value's levels
+    assert torch.equal(kernel_product(x, weight, weight_row_sums(weight)), torch_product(x, weight))
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_the_product_is_the_float_product_up_to_the_activations_second_rounding(seed):
     x, weight = activations(4, 256, seed=seed), random_int8(96, 256, seed=seed)
