@@ -6,14 +6,23 @@ seconds per token per candidate, kept across replies and across starts (a small 
 the cache, per pair and machine). A candidate is tried until it has a few rounds behind it;
 after that the fastest runs, and the runner-up gets a round now and then, so a machine that
 gets busier or a conversation that drafts better is noticed. Those exploring rounds are paced
-by time, not by count: they get at most EXPLORE_SHARE of the decoding time, so a runner-up
-that is much slower is checked less often, and a round that costs more (a draft model that
-first catches up on the tokens written since it last ran) counts for what it costs. A round
-that read a prompt says nothing about a method's speed and is not counted.
+by time, not by count, and by how much slower the runner-up measures: they get LOSS_BUDGET /
+(its slowdown) of the decoding time, between EXPLORE_SHARE and MOST_SHARE, so a runner-up
+that is much slower is checked less often, one within a few percent often (a close call is
+cheap to check and easy to get wrong from a few noisy rounds), and a round that costs more (a
+draft model that first catches up on the tokens written since it last ran) counts for what it
+costs. A round that read a prompt says nothing about a method's speed and is not counted.
+
+A record from an earlier start may no longer hold: the host was busier then, Tandem's kernels
+changed. So in each process the recorded fastest, the runner-up and plain decoding first run
+RECHECK_ROUNDS rounds each, and a candidate's first rounds in a process weigh more in its
+average (1/2, 1/3, ... down to SMOOTHING): a stale record had kept `auto` on a drafting method
+at 0.94x of plain decoding for a whole benchmark run (docs/BENCHMARKS.md). And a drafting
+method replaces plain decoding only when it measures PLAIN_MARGIN faster.
 
 Where drafting does not pay (a weak draft on a 2-core CPU) the fastest is plain decoding, and
-then `auto` costs at most EXPLORE_SHARE: it never makes replies noticeably slower than the
-target alone.
+then `auto` costs at most about EXPLORE_SHARE: it never makes replies noticeably slower than
+the target alone.
 """
 from __future__ import annotations
 
@@ -30,8 +39,20 @@ from .base import Drafter, Proposal, RoundOutcome
 
 PLAIN = "ar"
 TRIAL_ROUNDS = 6  # rounds each candidate runs before the fastest is trusted
-EXPLORE_SHARE = 0.01  # then the runner-up's rounds get at most this share of the decoding time
-SMOOTHING = 0.1  # weight of the newest round in a candidate's average
+RECHECK_ROUNDS = 4  # rounds the recorded fastest, runner-up and plain decoding run in each process first
+# The runner-up's rounds get LOSS_BUDGET / (its slowdown) of the decoding time, within these
+# bounds: what exploring costs stays about LOSS_BUDGET, and at most EXPLORE_SHARE times the
+# slowdown for a much slower runner-up.
+EXPLORE_SHARE = 0.01
+MOST_SHARE = 0.25
+LOSS_BUDGET = 0.005
+SMOOTHING = 0.1  # weight of the newest round in a candidate's average, once it has a few this process
+# A drafting method runs instead of plain decoding only when it measures this much faster: a
+# candidate's average rests on its last ~10 rounds, each keeping 1 to 5 tokens, and the demo
+# pair's methods measured 0.82-1.07x plain decoding from run to run on this host, so a near
+# tie went either way on the rounds' luck and lost up to 7% (docs/BENCHMARKS.md). Where
+# drafting pays it pays far more than this.
+PLAIN_MARGIN = 0.05
 # The record is written every SAVE_EVERY rounds, at most once in SAVE_INTERVAL_S: a write costs
 # ~0.4 ms, a tenth of a round of the demo target on the CPU's native forward.
 SAVE_EVERY = 16
@@ -55,6 +76,8 @@ class SpeedRecord:
     rounds: dict[str, int] = field(default_factory=dict)
     decoding_seconds: float = 0.0
     exploring_seconds: float = 0.0
+    # Rounds per candidate in this process (not saved): its first ones weigh more
+    fresh: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
     _saved_at: float = field(default=-math.inf, repr=False, compare=False)  # time.monotonic() of the last write
 
     @classmethod
@@ -79,10 +102,13 @@ class SpeedRecord:
         return {name: self.round_seconds[name] / self.round_tokens[name] for name in self.round_seconds}
 
     def add(self, name: str, seconds: float, tokens: int) -> None:
+        # this process's first rounds of a candidate: 1/2, 1/3, ... of its average
+        weight = max(SMOOTHING, 1.0 / (self.fresh.get(name, 0) + 2))
         for averages, value in ((self.round_seconds, seconds), (self.round_tokens, float(tokens))):
             old = averages.get(name)
-            averages[name] = value if old is None else (1 - SMOOTHING) * old + SMOOTHING * value
+            averages[name] = value if old is None else (1 - weight) * old + weight * value
         self.rounds[name] = self.rounds.get(name, 0) + 1
+        self.fresh[name] = self.fresh.get(name, 0) + 1
         if (self.path is not None and sum(self.rounds.values()) % SAVE_EVERY == 0
                 and time.monotonic() - self._saved_at >= SAVE_INTERVAL_S):
             self.save()
@@ -105,14 +131,20 @@ class SpeedRecord:
         if exploring:
             self.exploring_seconds += seconds
 
-    @property
-    def may_explore(self) -> bool:
-        return self.exploring_seconds < EXPLORE_SHARE * self.decoding_seconds
+    def may_explore(self, slowdown: float) -> bool:
+        """Whether a runner-up `slowdown` slower than the fastest (0.1: 10%) may run a round."""
+        share = min(MOST_SHARE, max(EXPLORE_SHARE, LOSS_BUDGET / max(slowdown, 1e-9)))
+        return self.exploring_seconds < share * self.decoding_seconds
 
     def ranked(self, names: list[str]) -> list[str]:
-        """`names`, fastest first; unmeasured ones last, in their given order."""
+        """`names`, fastest first, plain decoding ahead of any that is not PLAIN_MARGIN faster;
+        unmeasured ones last, in their given order."""
         rates = self.seconds_per_token
-        measured = sorted((name for name in names if name in rates), key=rates.__getitem__)
+
+        def rank(name: str) -> float:
+            return rates[name] / (1 + PLAIN_MARGIN) if name == PLAIN else rates[name]
+
+        measured = sorted((name for name in names if name in rates), key=rank)
         return measured + [name for name in names if name not in rates]
 
 
@@ -197,6 +229,11 @@ class MethodChooser(Drafter):
         for name in ranked:
             if self.record.rounds.get(name, 0) < TRIAL_ROUNDS:
                 return name, False
-        if may_explore and len(ranked) > 1 and self.record.may_explore:
-            return ranked[1], True
+        for name in (*ranked[:2], PLAIN):  # a record from an earlier start is checked first
+            if self.record.fresh.get(name, 0) < RECHECK_ROUNDS:
+                return name, False
+        if may_explore and len(ranked) > 1:
+            rates = self.record.seconds_per_token
+            if self.record.may_explore(rates[ranked[1]] / rates[ranked[0]] - 1):
+                return ranked[1], True
         return ranked[0], False
