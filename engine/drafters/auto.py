@@ -78,6 +78,7 @@ class SpeedRecord:
     exploring_seconds: float = 0.0
     # Rounds per candidate in this process (not saved): its first ones weigh more
     fresh: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+    recorded: frozenset[str] = field(default=frozenset(), repr=False, compare=False)  # those loaded with an average
     _saved_at: float = field(default=-math.inf, repr=False, compare=False)  # time.monotonic() of the last write
 
     @classmethod
@@ -86,7 +87,7 @@ class SpeedRecord:
         a cache: measuring again is the worst case)."""
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            return cls(
+            record = cls(
                 path,
                 {name: float(value) for name, value in data["round_seconds"].items()},
                 {name: float(value) for name, value in data["round_tokens"].items()},
@@ -96,14 +97,21 @@ class SpeedRecord:
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return cls(path)
+        names = set(record.round_seconds)
+        if names != set(record.round_tokens) or names != set(record.rounds) or not all(
+                seconds > 0 and record.round_tokens[name] > 0 for name, seconds in record.round_seconds.items()):
+            return cls(path)  # not one this code wrote
+        record.recorded = frozenset(names)
+        return record
 
     @property
     def seconds_per_token(self) -> dict[str, float]:
         return {name: self.round_seconds[name] / self.round_tokens[name] for name in self.round_seconds}
 
     def add(self, name: str, seconds: float, tokens: int) -> None:
-        # this process's first rounds of a candidate: 1/2, 1/3, ... of its average
-        weight = max(SMOOTHING, 1.0 / (self.fresh.get(name, 0) + 2))
+        # this process's first rounds of a candidate: the mean of them (and of a loaded average,
+        # which counts as one round), until that weighs less than SMOOTHING
+        weight = max(SMOOTHING, 1.0 / (self.fresh.get(name, 0) + (2 if name in self.recorded else 1)))
         for averages, value in ((self.round_seconds, seconds), (self.round_tokens, float(tokens))):
             old = averages.get(name)
             averages[name] = value if old is None else (1 - weight) * old + weight * value
@@ -215,6 +223,8 @@ class MethodChooser(Drafter):
         plain, fastest = rates.get(PLAIN), rates.get(best)
         if fastest is None or plain is None or self.record.rounds.get(best, 0) < TRIAL_ROUNDS:
             return "auto: still measuring which method is fastest here"
+        if any(self.record.fresh.get(name, 0) < RECHECK_ROUNDS for name in (*ranked[:2], PLAIN)):
+            return "auto: checking what an earlier start measured as fastest here"
         if best == PLAIN:
             return "auto: plain decoding, since drafting does not pay on this machine"
         return f"auto: {best}, {plain / fastest:.2f}× plain decoding's speed on this machine"
@@ -234,6 +244,7 @@ class MethodChooser(Drafter):
                 return name, False
         if may_explore and len(ranked) > 1:
             rates = self.record.seconds_per_token
-            if self.record.may_explore(rates[ranked[1]] / rates[ranked[0]] - 1):
+            slowdown = rates[ranked[1]] / rates[ranked[0]] - 1 if rates.get(ranked[0], 0) > 0 and ranked[1] in rates else math.inf
+            if self.record.may_explore(slowdown):
                 return ranked[1], True
         return ranked[0], False

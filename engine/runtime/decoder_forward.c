@@ -406,16 +406,20 @@ static int work_alloc(Work *w, const TandemDecoder *d, int64_t n, int64_t slots,
     return TANDEM_OK;
 }
 
-/* The checks every entry point makes of its tokens: the C code trusts its indices. */
+/* The checks every entry point makes of its tokens: the C code trusts its indices. Two tokens
+ * at one cache row are refused too: the threads write the tokens' keys and values at once. */
 static int check_tokens(const TandemDecoder *d, int64_t n, const int64_t *ids, const int64_t *positions,
                         const int64_t *rows, int64_t first_row, int64_t slots, int64_t wanted_from) {
     if (n <= 0 || slots <= 0 || first_row < 0 || wanted_from < 0 || wanted_from > n || d->head_dim > 512 ||
         d->head_dim % 2 || d->heads % d->kv_heads || first_row + slots > d->cache_rows)
         return TANDEM_BAD_INPUT;
-    for (int64_t i = 0; i < n; i++)
+    for (int64_t i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= d->vocab || positions[i] < 0 || positions[i] >= d->table_positions ||
             rows[i] < 0 || rows[i] >= d->cache_rows)
             return TANDEM_BAD_INPUT;
+        for (int64_t j = 0; j < i; j++)
+            if (rows[j] == rows[i]) return TANDEM_BAD_INPUT;
+    }
     return TANDEM_OK;
 }
 

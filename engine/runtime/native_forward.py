@@ -221,5 +221,6 @@ class NativeForward:
         if status == -1:
             raise MemoryError("out of memory for the native forward's activations")
         if status != 0:
-            raise ValueError("the native forward was given tokens, positions or cache rows outside the model's")
+            raise ValueError("the native forward was given tokens, positions or cache rows outside the model's, "
+                             "or two tokens at one cache row")
         return logits, hidden, features

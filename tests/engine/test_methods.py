@@ -126,8 +126,10 @@ def test_a_record_from_an_earlier_start_is_checked_before_it_is_trusted(tmp_path
             earlier.add(name, seconds, 1)
     earlier.save()
     auto = chooser(SpeedRecord.load(path))
+    assert auto.explain() == "auto: checking what an earlier start measured as fastest here"
     now = {"ar": 0.010, "tree": 0.013, "eagle": 0.030}
     first = run_rounds(auto, 2 * RECHECK_ROUNDS, now, tokens=1)
+    assert auto.explain() == "auto: plain decoding, since drafting does not pay on this machine"
     assert sorted(first) == ["ar"] * RECHECK_ROUNDS + ["tree"] * RECHECK_ROUNDS  # ar: both runner-up and plain
     later = run_rounds(auto, 200, now, tokens=1)
     assert later.count("ar") > 0.8 * len(later) and later.count("eagle") == 0
@@ -145,6 +147,13 @@ def test_a_runner_up_that_has_become_the_fastest_is_found_in_the_first_rounds(tm
     first = run_rounds(auto, 3 * RECHECK_ROUNDS, now, tokens=1)
     assert sorted(set(first)) == ["ar", "eagle", "tree"]
     assert run_rounds(auto, 100, now, tokens=1).count("eagle") > 90
+
+
+def test_a_new_candidates_first_rounds_are_averaged_alike():
+    record = SpeedRecord()
+    for seconds in (1.0, 4.0, 7.0):
+        record.add("tree", seconds, 1)
+    assert record.round_seconds["tree"] == pytest.approx(4.0)
 
 
 def test_a_record_from_an_earlier_start_counts_as_one_round_of_this_ones(tmp_path):
@@ -198,6 +207,11 @@ def test_the_speed_record_survives_a_restart_and_a_damaged_one_starts_afresh(tmp
         record.add("tree", 0.02, 3)
     assert SpeedRecord.load(path).rounds["tree"] == 16
     path.write_text("{ damaged")
+    assert SpeedRecord.load(path).rounds == {}
+    # one whose averages do not fit together, or a round of no time, is no record either
+    path.write_text('{"round_seconds": {"ar": 0.01}, "round_tokens": {}, "rounds": {"ar": 9}}')
+    assert SpeedRecord.load(path).rounds == {}
+    path.write_text('{"round_seconds": {"ar": 0.0}, "round_tokens": {"ar": 1.0}, "rounds": {"ar": 9}}')
     assert SpeedRecord.load(path).rounds == {}
 
 

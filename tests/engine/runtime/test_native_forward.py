@@ -137,12 +137,14 @@ def test_native_features_and_hidden_states_are_the_torch_ones():
     assert_close(*features)
 
 
-def test_a_token_outside_the_vocabulary_is_refused_and_the_cache_kept():
+def test_a_token_outside_the_vocabulary_or_two_at_one_row_are_refused_and_the_cache_kept():
     native, torch_only = pair_of_runtimes(int8_model("llama", 5))
     for runtime in (native, torch_only):
         runtime.forward([1, 2, 3])
     with pytest.raises(ValueError):
         native.native([VOCAB + 3], [3], [64 + 3], torch.ones(1, 4, dtype=torch.bool), 64, 0, False)
+    with pytest.raises(ValueError, match="two tokens at one cache row"):  # the threads write them at once
+        native.native([4, 5], [3, 4], [64 + 3, 64 + 3], torch.ones(2, 5, dtype=torch.bool), 64, 0, False)
     assert_close(native.forward([4]), torch_only.forward([4]))
 
 
