@@ -382,24 +382,6 @@ int tandem_int8_linear(const float *x, int64_t m, int64_t k, const int8_t *w, in
         amx_start(&theirs);
     }
 #endif
-#ifdef TANDEM_AMX
-    if (packed != NULL) {
-#pragma omp for schedule(static)
-        for (int64_t index = 0; index < blocks; index++) {
-            Block block;
-            if (block_at(index, 1, w, n, k, w_stride, row_sums, row_scale, bias, out, &block)) {
-#pragma omp atomic write
-                failed = 1;
-                continue;
-            }
-            /* GCC's tile loads are asm with register inputs only: make a copied block visible */
-            __asm__ volatile("" ::: "memory");
-            amx_block(&block, k, packed, m, scales, n);
-            free(block.copy);
-        }
-    } else
-#endif
-    {
 #pragma omp for schedule(static)
     for (int64_t index = 0; index < blocks; index++) {
         Block block;
@@ -408,6 +390,15 @@ int tandem_int8_linear(const float *x, int64_t m, int64_t k, const int8_t *w, in
             failed = 1;
             continue;
         }
+#ifdef TANDEM_AMX
+        if (packed != NULL) {
+            /* GCC's tile loads are asm with register inputs only: make a copied block visible */
+            __asm__ volatile("" ::: "memory");
+            amx_block(&block, k, packed, m, scales, n);
+            free(block.copy);
+            continue;
+        }
+#endif
         for (int64_t i = 0; i < m; i++) {
             const uint8_t *first_level = levels + 2 * i * padded, *second_level = first_level + padded;
             /* rows 0-7 and 8-15, both levels each; the first token's passes fetch the next block
@@ -425,7 +416,6 @@ int tandem_int8_linear(const float *x, int64_t m, int64_t k, const int8_t *w, in
             _mm512_mask_storeu_ps(block.out + i * n, block.lanes, product);
         }
         free(block.copy);
-    }
     }
 #ifdef TANDEM_AMX
     if (packed != NULL) amx_end(&theirs);

@@ -115,17 +115,21 @@ def test_auto_explores_a_much_slower_runner_up_less_often_and_a_close_one_more()
     assert explored[4.0] * 2 < explored[1.2] < explored[1.03] / 3  # a close call is checked often
 
 
+def record_from_an_earlier_start(path, seconds_per_token: dict[str, float]) -> SpeedRecord:
+    """A record as another process left it: 40 rounds of one token per candidate, saved, loaded."""
+    earlier = SpeedRecord(path)
+    for name, seconds in seconds_per_token.items():
+        for _ in range(40):
+            earlier.add(name, seconds, 1)
+    earlier.save()
+    return SpeedRecord.load(path)
+
+
 def test_a_record_from_an_earlier_start_is_checked_before_it_is_trusted(tmp_path):
     # Saved when drafting paid (a busier host): tree 2x plain decoding. Now plain decoding is
     # the faster: the new process checks the record's fastest, its runner-up and plain
     # decoding first, and their rounds in this process weigh enough to turn the ranking.
-    path = tmp_path / "record.json"
-    earlier = SpeedRecord(path)
-    for name, seconds in (("ar", 0.020), ("tree", 0.010), ("eagle", 0.030)):
-        for _ in range(40):
-            earlier.add(name, seconds, 1)
-    earlier.save()
-    auto = chooser(SpeedRecord.load(path))
+    auto = chooser(record_from_an_earlier_start(tmp_path / "record.json", {"ar": 0.020, "tree": 0.010, "eagle": 0.030}))
     assert auto.explain() == "auto: checking what an earlier start measured as fastest here"
     now = {"ar": 0.010, "tree": 0.013, "eagle": 0.030}
     first = run_rounds(auto, 2 * RECHECK_ROUNDS, now, tokens=1)
@@ -136,13 +140,7 @@ def test_a_record_from_an_earlier_start_is_checked_before_it_is_trusted(tmp_path
 
 
 def test_a_runner_up_that_has_become_the_fastest_is_found_in_the_first_rounds(tmp_path):
-    path = tmp_path / "record.json"
-    earlier = SpeedRecord(path)
-    for name, seconds in (("ar", 0.020), ("tree", 0.010), ("eagle", 0.012)):
-        for _ in range(40):
-            earlier.add(name, seconds, 1)
-    earlier.save()
-    auto = chooser(SpeedRecord.load(path))
+    auto = chooser(record_from_an_earlier_start(tmp_path / "record.json", {"ar": 0.020, "tree": 0.010, "eagle": 0.012}))
     now = {"ar": 0.020, "tree": 0.010, "eagle": 0.007}
     first = run_rounds(auto, 3 * RECHECK_ROUNDS, now, tokens=1)
     assert sorted(set(first)) == ["ar", "eagle", "tree"]
@@ -158,11 +156,7 @@ def test_a_new_candidates_first_rounds_are_averaged_alike():
 
 def test_a_record_from_an_earlier_start_counts_as_one_round_of_this_ones(tmp_path):
     path = tmp_path / "record.json"
-    earlier = SpeedRecord(path)
-    for _ in range(40):
-        earlier.add("tree", 10.0, 1)
-    earlier.save()
-    record = SpeedRecord.load(path)
+    record = record_from_an_earlier_start(path, {"tree": 10.0})
     record.add("tree", 4.0, 1)
     record.add("tree", 1.0, 1)
     assert record.round_seconds["tree"] == pytest.approx((10.0 + 4.0 + 1.0) / 3)
