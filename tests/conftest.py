@@ -21,6 +21,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # Torch pairs on the CPU compile in the background by default, minutes of both cores for
     # the demo target: only the tests of compiling turn it on (tests/engine/runtime/test_compiled_forward.py).
     os.environ["TANDEM_COMPILE"] = "0"
+    # Without a GPU, Triton kernels (the CUDA int8 kernel's tests) run in Triton's
+    # interpreter where Triton is installed; it is read when Triton is first imported.
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -6,7 +6,8 @@ so the graph-captured runtime runs them like any other layer, at about half bf16
 memory. Symmetric rounding to 127 levels per row is the same scheme as llama.cpp's Q8_0,
 with one scale per row instead of one per 32 weights.
 
-On a GPU each matmul reads a copy of the weight in the activations' dtype. On the CPU the
+On a GPU each matmul is one Triton kernel that reads the int8 weight itself (int8_cuda.py),
+or, where Triton cannot run, a matmul over a copy of the weight in the activations' dtype. On the CPU the
 matmul is an integer one (int8_kernel.integer_product): the activations are rounded to int8
 as well, in two levels, so that the product is as close to the float one as the weight's rounding
 allows, and a token's row of the product is the same integers whatever else is in the batch.
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import int8_cuda
 from .int8_kernel import integer_product, weight_row_sums
 
 
@@ -52,6 +54,8 @@ class Int8Linear(nn.Module):
         if x.device.type == "cpu":
             flat = x.reshape(-1, x.shape[-1])
             product = integer_product(flat, self.weight, self.row_sums).reshape(*x.shape[:-1], -1)
+        elif int8_cuda.failure(x.device) is None:
+            return int8_cuda.linear(x, self.weight, self.scale, self.bias)
         else:
             product = F.linear(x, self.weight.to(x.dtype))
         # Scaled (and biased) in float32, then rounded once to the activations' dtype.

@@ -36,6 +36,7 @@ from .base import ModelRuntime
 from .compiled_forward import BackgroundCompile, shared_compile
 from . import int8_kernel
 from .int8_weights import Int8Linear, join_rows
+from .rms_norm_cuda import fused_norm
 from .native_forward import NATIVE_NAME, NativeForward, native_forward
 from .static_families import recipe_for, rotary_function, static_refusal
 
@@ -79,6 +80,10 @@ def _mlp(mlp: torch.nn.Module, joined: JoinedProjections, x: torch.Tensor) -> to
     return mlp.down_proj(mlp.act_fn(gate) * up)
 
 
+# A decoder layer's norms, by the names transformers gives them (Gemma's sandwich has all four).
+NORM_NAMES = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+
+
 def runs_static(model: torch.nn.Module) -> bool:
     """Whether this runtime can run `model` exactly (`static_refusal` says why not)."""
     return static_refusal(model) is None
@@ -104,6 +109,12 @@ class StaticCacheForward:
         self.rotary_kinds = list(config.layer_types) if self.recipe.rotary_by_layer_type else [None] * len(model.model.layers)
         self.attention_cap = config.attn_logit_softcapping if self.recipe.caps_attention_logits else None
         self.joined = [joined_projections(layer, self.recipe.fused_qkv) for layer in model.model.layers]
+        # On a GPU each Llama-style norm is one Triton kernel rather than seven (rms_norm_cuda.py).
+        norm_of = fused_norm if device.type == "cuda" else (lambda norm: norm)
+        self.norms = [
+            {name: norm_of(getattr(layer, name)) for name in NORM_NAMES if hasattr(layer, name)} for layer in model.model.layers
+        ]
+        self.final_norm = norm_of(model.model.norm)
         self.logit_cap = config.final_logit_softcapping if self.recipe.caps_final_logits else None
         shape = (1, kv_heads, rows, attention.head_dim)
         with torch.inference_mode():
@@ -134,8 +145,8 @@ class StaticCacheForward:
         for index, (layer, (keys, values)) in enumerate(zip(decoder.layers, self.cache)):
             if index in self.feature_layers:
                 captured.append(hidden[0])
-            attention, joined = layer.self_attn, self.joined[index]
-            query, key, value = self._project(attention, joined, layer.input_layernorm(hidden))  # (1, heads or kv_heads, n, d)
+            attention, joined, norms = layer.self_attn, self.joined[index], self.norms[index]
+            query, key, value = self._project(attention, joined, norms["input_layernorm"](hidden))  # (1, heads or kv_heads, n, d)
             query, key = self.rotate(query, key, *rotations[self.rotary_kinds[index]])
             keys.index_copy_(2, rows, key)
             values.index_copy_(2, rows, value)
@@ -143,12 +154,12 @@ class StaticCacheForward:
             attended = _attend(query, keys[:, :, :window], values[:, :, :window], mask, attention.scaling, self.attention_cap)
             attended = attention.o_proj(attended.transpose(1, 2).reshape(1, count, -1))
             if self.recipe.sandwich_norms:
-                hidden = hidden + layer.post_attention_layernorm(attended)
-                hidden = hidden + layer.post_feedforward_layernorm(_mlp(layer.mlp, joined, layer.pre_feedforward_layernorm(hidden)))
+                hidden = hidden + norms["post_attention_layernorm"](attended)
+                hidden = hidden + norms["post_feedforward_layernorm"](_mlp(layer.mlp, joined, norms["pre_feedforward_layernorm"](hidden)))
             else:
                 hidden = hidden + attended
-                hidden = hidden + _mlp(layer.mlp, joined, layer.post_attention_layernorm(hidden))
-        final = decoder.norm(hidden)[0]  # (n, D)
+                hidden = hidden + _mlp(layer.mlp, joined, norms["post_attention_layernorm"](hidden))
+        final = self.final_norm(hidden)[0]  # (n, D)
         in_order = sorted(self.feature_layers)  # the order the loop met them
         features = torch.cat([captured[in_order.index(layer)] for layer in self.feature_layers], dim=-1) if captured else final[:, :0]
         logits = self.model.lm_head(final)  # (n, V)

@@ -19,6 +19,7 @@ from transformers import (
 from engine.chat_prompt import Message
 from engine.config import DecodeSettings
 from engine.runtime.int8_weights import quantise_weight_only
+from engine.runtime.rms_norm_cuda import LLAMA_STYLE_NORMS
 from engine.runtime.static_families import static_refusal
 from engine.runtime.torch_eager import TorchRuntime
 from engine.runtime.torch_load import torch_runtime_factory, torch_runtime_name
@@ -238,3 +239,26 @@ def test_replayed_graphs_of_the_new_families_give_the_uncaptured_logits(family):
         for runtime in (captured, uncaptured):
             keep_path(runtime, len(context), path)
         context = context + [tree.tokens[node] for node in path]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused norms run on a CUDA GPU")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_gpus_captured_forward_with_fused_norms_gives_the_eager_logits(family):
+    """On a GPU the Llama-style norms are Triton kernels (rms_norm_cuda.py), the others stay
+    transformers' own: either way, at fp32, the logits are the eager model's on the CPU."""
+    rng = random.Random(family)
+    model = tiny(family)
+    context = [rng.randrange(VOCAB) for _ in range(3 * WINDOW + 5)]
+    tree = deep_tree(rng, context[-1], 2 * WINDOW)
+    expected_chain = eager_logits(model, context, 4)
+    expected_tree = [eager_logits(model, context + [tree.tokens[step] for step in tree.path(node)]) for node in range(len(tree))]
+    gpu_model = model.to("cuda")
+    runtime = StaticTorchRuntime(gpu_model, torch.device("cuda"), 400)
+    norm = gpu_model.model.layers[0].input_layernorm
+    fused = runtime.forward_pass.norms[0]["input_layernorm"] is not norm
+    assert fused == (type(norm).__name__ in LLAMA_STYLE_NORMS), family
+    torch.testing.assert_close(runtime.forward(context, logits_wanted=4).cpu(), expected_chain, rtol=1e-3, atol=1e-3)
+    logits = forward_tree(runtime, context, tree).cpu()
+    for node in range(len(tree)):
+        torch.testing.assert_close(logits[node : node + 1], expected_tree[node], rtol=1e-3, atol=1e-3)
+    assert runtime.graphs_enabled, runtime.graphs_failure

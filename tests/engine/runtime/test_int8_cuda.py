@@ -1,0 +1,71 @@
+"""The CUDA int8 kernel (int8_cuda.py) against the product it fuses. On a GPU it runs there;
+elsewhere in Triton's interpreter, where Triton is installed (the CPU-only torch wheels do
+not bring it, so CI skips these; the interpreter has no bfloat16, so there it checks
+float16 and float32)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.runtime import int8_cuda
+from engine.runtime.int8_weights import Int8Linear, join_rows
+
+pytest.importorskip("triton")
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """Where the kernel runs: the GPU, or the CPU under Triton's interpreter (conftest.py
+    sets TRITON_INTERPRET before Triton is imported where there is no GPU)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _dtypes(device: torch.device) -> list[torch.dtype]:
+    return [torch.float16, torch.bfloat16] if device.type == "cuda" else [torch.float16, torch.float32]
+
+
+@pytest.mark.parametrize(("rows", "outputs", "depth"), [(1, 24, 40), (5, 96, 300), (17, 200, 64), (70, 130, 520), (130, 64, 32)])
+def test_the_kernel_gives_the_scaled_and_biased_product(device, rows, outputs, depth):
+    generator = torch.Generator().manual_seed(rows * outputs + depth)
+    for dtype in _dtypes(device):
+        x = torch.randn(rows, depth, generator=generator).to(device, dtype)
+        weight = torch.randint(-127, 128, (outputs, depth), generator=generator, dtype=torch.int8).to(device)
+        scale = (torch.rand(outputs, generator=generator) * 0.01).to(device)
+        bias = torch.randn(outputs, generator=generator).to(device, dtype)
+        got = int8_cuda.linear(x, weight, scale, bias)
+        expected = (x.double() @ weight.double().T) * scale.double() + bias.double()
+        assert got.dtype == dtype and got.shape == (rows, outputs)
+        # Summed in float32 and rounded once: within the output dtype's half-unit of the exact value.
+        tolerance = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}[dtype]
+        assert torch.allclose(got.double(), expected, rtol=tolerance, atol=tolerance * expected.abs().max().item())
+
+
+def test_joined_rows_read_their_own_rows_of_the_shared_weight(device):
+    """q, k and v share one weight (join_rows): each part is a view starting mid-tensor."""
+    torch.manual_seed(0)
+    parts = [Int8Linear.from_linear(torch.nn.Linear(48, width)) for width in (32, 16, 16)]
+    joined = join_rows(parts)
+    x = torch.randn(3, 48).to(device, torch.float16)
+    whole = int8_cuda.linear(x, joined.weight.to(device), joined.scale.to(device), joined.bias.to(device, torch.float16))
+    start = 0
+    for part in parts:
+        got = int8_cuda.linear(x, part.weight.to(device), part.scale.to(device), part.bias.to(device, torch.float16))
+        assert torch.equal(got, whole[:, start:start + part.out_features])
+        start += part.out_features
+
+
+def test_the_kernel_passes_its_own_check(device):
+    assert int8_cuda.failure(device) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the layer takes the kernel on CUDA tensors only")
+def test_an_int8_layer_on_a_gpu_gives_the_unfused_product():
+    torch.manual_seed(1)
+    layer = Int8Linear.from_linear(torch.nn.Linear(576, 1536)).to("cuda")
+    x = torch.randn(4, 7, 576, device="cuda", dtype=torch.bfloat16)
+    unfused = ((F.linear(x, layer.weight.to(x.dtype)).float() * layer.scale) + layer.bias).to(x.dtype)
+    fused = layer(x)
+    assert fused.shape == unfused.shape and fused.dtype == torch.bfloat16
+    # The unfused path rounds the product to bf16 before scaling: at most a unit apart.
+    assert torch.allclose(fused.float(), unfused.float(), rtol=2e-2, atol=2e-2 * unfused.abs().max().item())
