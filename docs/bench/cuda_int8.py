@@ -2,8 +2,9 @@
 the demo target and over random-weight Llama models of 1.7B and 8B parameters (issue 21:
 int8 at least as fast as bf16 at no more than 55% of the weights' memory).
 
-Each model runs three ways, one after another on the same weights:
+Each model runs four ways, one after another on the same weights:
   bf16        the model as loaded
+  bf16 unfused norms  the same without the Triton RMS norm (rms_norm_cuda.py): transformers' own
   int8        weight-only int8 (int8_weights.py), each layer one Triton kernel (int8_cuda.py)
   int8 unfused  the same int8 weights through the path without the kernel (a bf16 copy of
               the weight, the bf16 matmul, then the scale), which is what ran before
@@ -26,7 +27,7 @@ import torch
 from engine.config import ModelSpec
 from engine.models import load_model
 from engine.round import time_verify
-from engine.runtime import int8_cuda
+from engine.runtime import int8_cuda, torch_static
 from engine.runtime.int8_weights import quantise_weight_only, weight_bytes
 from engine.runtime.torch_static import StaticTorchRuntime
 
@@ -73,6 +74,8 @@ def measure(name: str, device: str) -> dict:
         model = random_llama(RANDOM_LLAMAS[name], device)
     rows = {}
     rows["bf16"] = {"weights_mb": weight_bytes(model) / 1e6, "ms": timed(model)}
+    with mock.patch.object(torch_static, "fused_norm", lambda norm: norm):
+        rows["bf16 unfused norms"] = {"weights_mb": rows["bf16"]["weights_mb"], "ms": timed(model)}
     quantise_weight_only(model)
     rows["int8"] = {"weights_mb": weight_bytes(model) / 1e6, "ms": timed(model)}
     with mock.patch.object(int8_cuda, "failure", lambda device: "unfused, for comparison"):

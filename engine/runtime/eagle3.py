@@ -147,24 +147,30 @@ class _TorchHeadLayer:
     does in C, for where that cannot run and for tests that want the head's exact floats)."""
 
     def __init__(self, head: Eagle3Head, embeddings: torch.Tensor, dtype: torch.dtype, quantise: bool):
-        self.head = head.to(dtype).eval()
-        if dtype == torch.float32 and quantise:
+        # On the device of the target's embeddings: a GPU target's head runs on its GPU, and
+        # hands back host tensors like the native layer (the drafter reads them there).
+        self.device = embeddings.device
+        if self.device.type != "cpu":
+            dtype = torch.bfloat16 if dtype == torch.float32 else dtype
+        self.head = head.to(self.device, dtype).eval()
+        if dtype == torch.float32 and quantise:  # only on the CPU (above)
             self.head = _with_int8_matmuls(self.head)
         self.embeddings = embeddings.to(dtype)
         self.dtype = dtype
         config = head.config
-        self._keys = torch.zeros(1, config.num_key_value_heads, 0, config.head_dim, dtype=dtype)
+        self._keys = torch.zeros(1, config.num_key_value_heads, 0, config.head_dim, dtype=dtype, device=self.device)
         self._values = torch.zeros_like(self._keys)
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
-        return self.head.fuse(features.to(self.dtype))
+        return self.head.fuse(features.to(self.device, self.dtype)).cpu()
 
     def run(
         self, start: int, ids: list[int], inputs: torch.Tensor, positions: list[int], visible: torch.Tensor, logits_wanted: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         count = len(ids)
-        embeddings = self.embeddings[torch.tensor(ids)]  # (T, H)
-        query, key, value = self.head.attention_inputs(embeddings[None], inputs[None], torch.tensor([positions]))
+        inputs, visible = inputs.to(self.device), visible.to(self.device)
+        embeddings = self.embeddings[torch.tensor(ids, device=self.device)]  # (T, H)
+        query, key, value = self.head.attention_inputs(embeddings[None], inputs[None], torch.tensor([positions], device=self.device))
         self._grow(start + count)
         self._keys[:, :, start:start + count] = key[0:1]
         self._values[:, :, start:start + count] = value[0:1]
@@ -173,10 +179,10 @@ class _TorchHeadLayer:
             attn_mask=visible[None, None], enable_gqa=True,
         )
         output = self.head.finish(attended, inputs[None])[0]  # (T, H)
-        return output, self.head.draft_logits(output[count - logits_wanted:])
+        return output.cpu(), self.head.draft_logits(output[count - logits_wanted:]).cpu()
 
     def keep(self, kept: list[int]) -> None:
-        index = torch.tensor(kept)
+        index = torch.tensor(kept, device=self.device)
         self._keys[:, :, : len(kept)] = self._keys[:, :, index]
         self._values[:, :, : len(kept)] = self._values[:, :, index]
 

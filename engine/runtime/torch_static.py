@@ -242,7 +242,7 @@ def _attend(query, keys, values, mask, scale, cap=None):
         scores = folded @ keys.transpose(2, 3) * scale  # (1, kv_heads, groups * n, window)
         scores = torch.tanh(scores / cap) * cap + mask
         attended = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype) @ values
-    return attended.view(1, heads, count, dim)
+    return attended.reshape(1, heads, count, dim)  # CUDA's kernels may hand back a transposed layout
 
 
 class StaticTorchRuntime(ModelRuntime):

@@ -375,10 +375,13 @@ def test_only_rotary_embeddings_with_fixed_frequencies_run_static(rope_type, sta
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_replayed_graphs_give_the_uncaptured_forward_logits(dtype):
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8-wo"])
+def test_replayed_graphs_give_the_uncaptured_forward_logits(precision):
+    """int8-wo: each int8 layer is a Triton kernel (int8_cuda.py), captured like the rest."""
     rng = random.Random(0)
-    model = tiny_llama(seed=2, vocab_size=VOCAB).to("cuda", dtype)
+    model = tiny_llama(seed=2, vocab_size=VOCAB).to("cuda", torch.float32 if precision == "fp32" else torch.bfloat16)
+    if precision == "int8-wo":
+        quantise_weight_only(model)
     captured, uncaptured = (
         StaticTorchRuntime(model, torch.device("cuda"), 1200, graphs=graphs, hidden_states=True) for graphs in (True, False)
     )
