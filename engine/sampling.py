@@ -61,6 +61,22 @@ class Sampler:
         return self.draw(self.probabilities(logits[None])[0])
 
 
+def draw_each_row(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """One token per row of (B, V) non-negative weights, row b with its own CPU generator b,
+    on the weights' device: `Sampler.draw`'s rule (the first token whose running total passes
+    a uniform draw times the total) for every row at once. Only the B uniforms cross from the
+    host; copying a GPU batch's weights to the host and drawing row by row there (384 rows
+    of the demo's 49,152 tokens) bounded distillation's reply writing on an H100 at ~400
+    tokens/s (docs/BENCHMARKS.md). A token of weight 0 is never drawn."""
+    uniforms = [float(torch.rand((), generator=generator, dtype=torch.float64)) for generator in generators]
+    running = torch.cumsum(probs.detach().double(), dim=-1)  # (B, V)
+    points = torch.tensor(uniforms, dtype=torch.float64, device=probs.device)[:, None] * running[:, -1:]
+    tokens = torch.searchsorted(running, points, right=True)[:, 0]  # (B,)
+    # A draw that rounded up to the total: the row's last token of nonzero weight.
+    last_with_weight = probs.shape[-1] - 1 - torch.argmax(torch.flip(probs > 0, dims=[-1]).to(torch.uint8), dim=-1)
+    return torch.minimum(tokens, last_with_weight)
+
+
 def best_tokens(logits: torch.Tensor) -> list[int]:
     """The argmax of each row of (n, V) logits: the first on a tie, a NaN counted the largest,
     as torch.argmax gives it. float32 CPU logits go through numpy: torch.argmax took ~87 µs

@@ -133,6 +133,32 @@ def test_a_draw_follows_the_weights_and_never_picks_a_token_of_weight_zero():
             sampler.draw(torch.tensor(broken))
 
 
+def test_drawing_each_row_at_once_follows_each_rows_weights_with_its_own_generator(monkeypatch):
+    from engine.sampling import Sampler, draw_each_row
+
+    rows = torch.tensor([[0.0, 0.1, 0.0, 0.6, 0.3], [0.5, 0.0, 0.0, 0.0, 0.5], [0.0, 0.0, 0.0, 0.0, 2.0]])
+    generators = [torch.Generator().manual_seed(seed) for seed in (1, 2, 3)]
+    draws = 20_000
+    tokens = torch.stack([draw_each_row(rows, generators) for _ in range(draws)])  # (draws, 3)
+    for row, weights in enumerate(rows):
+        counts = torch.bincount(tokens[:, row], minlength=len(weights)).double()
+        assert counts[weights == 0].sum() == 0
+        expected = (weights[weights > 0] / weights.sum()).double() * draws
+        chi_square = float(((counts[weights > 0] - expected) ** 2 / expected).sum())
+        assert chi_square < 13.8  # at most 2 degrees of freedom, p = 0.001
+    # Row by row the same token Sampler.draw gives from the same generator state: a reply
+    # does not depend on which other replies share its batch.
+    again = [torch.Generator().manual_seed(seed) for seed in (1, 2, 3)]
+    one_by_one = [Sampler(1.0, 0, 1.0, generator).draw(weights) for generator, weights in zip(again, rows)]
+    fresh = [torch.Generator().manual_seed(seed) for seed in (1, 2, 3)]
+    assert draw_each_row(rows, fresh).tolist() == one_by_one
+    # the extreme uniforms: the largest below 1 may round the point up to the total
+    edges = torch.tensor([[0.3, 0.7, 0.0, 0.0], [0.0, 0.0, 0.4, 0.6]])
+    for uniform, expected in ((1.0 - 2.0 ** -53, [1, 3]), (0.0, [0, 2])):
+        monkeypatch.setattr(torch, "rand", lambda *args, uniform=uniform, **kwargs: torch.tensor(uniform, dtype=torch.float64))
+        assert draw_each_row(edges, [None, None]).tolist() == expected
+
+
 @pytest.mark.parametrize("top_p", [0.2, 0.9, 0.999])
 def test_top_p_keeps_the_smallest_set_of_best_tokens_that_reaches_it(top_p):
     """Rows of different temperatures in one batch: nuclei of a few tokens to tens of

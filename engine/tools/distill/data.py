@@ -21,7 +21,7 @@ from transformers import DynamicCache
 from ...chat_prompt import Message, encode_conversation
 from ...errors import TandemError
 from ...models import LoadedModel
-from ...sampling import Sampler
+from ...sampling import Sampler, draw_each_row
 from .replies import Job, Reply, ReplyWriter
 
 SHARD_FORMAT = 2  # 2: sequences carry their reply key
@@ -226,8 +226,7 @@ def sample_replies(
         logits = logits.float()[:, :usable_vocab]
         logprobs = torch.log_softmax(logits, dim=-1)  # temperature 1: the distribution to learn
         best = torch.topk(logprobs, max(settings.stored_top_k, 1), dim=-1)
-        probs = sampler.probabilities(logits).cpu()
-        token = torch.stack([torch.multinomial(probs[row], 1, generator=job.generator)[0] for row, job in enumerate(jobs)]).to(device)
+        token = draw_each_row(sampler.probabilities(logits), [job.generator for job in jobs])  # (B,) on the device
         token = torch.where(finished, torch.full_like(token, pad_id), token)
         tokens.append(token.cpu())
         top_ids.append(best.indices[:, : settings.stored_top_k].cpu())
