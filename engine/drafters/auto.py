@@ -223,7 +223,7 @@ class MethodChooser(Drafter):
         plain, fastest = rates.get(PLAIN), rates.get(best)
         if fastest is None or plain is None or self.record.rounds.get(best, 0) < TRIAL_ROUNDS:
             return "auto: still measuring which method is fastest here"
-        if any(self.record.fresh.get(name, 0) < RECHECK_ROUNDS for name in (*ranked[:2], PLAIN)):
+        if self._unchecked(ranked) is not None:
             return "auto: checking what an earlier start measured as fastest here"
         if best == PLAIN:
             return "auto: plain decoding, since drafting does not pay on this machine"
@@ -239,12 +239,17 @@ class MethodChooser(Drafter):
         for name in ranked:
             if self.record.rounds.get(name, 0) < TRIAL_ROUNDS:
                 return name, False
-        for name in (*ranked[:2], PLAIN):  # a record from an earlier start is checked first
-            if self.record.fresh.get(name, 0) < RECHECK_ROUNDS:
-                return name, False
+        unchecked = self._unchecked(ranked)
+        if unchecked is not None:
+            return unchecked, False
         if may_explore and len(ranked) > 1:
             rates = self.record.seconds_per_token
             slowdown = rates[ranked[1]] / rates[ranked[0]] - 1 if rates.get(ranked[0], 0) > 0 and ranked[1] in rates else math.inf
             if self.record.may_explore(slowdown):
                 return ranked[1], True
         return ranked[0], False
+
+    def _unchecked(self, ranked: list[str]) -> str | None:
+        """Of a record from an earlier start, the recorded fastest, the runner-up or plain
+        decoding that has not yet run RECHECK_ROUNDS rounds in this process (None: all have)."""
+        return next((name for name in (*ranked[:2], PLAIN) if self.record.fresh.get(name, 0) < RECHECK_ROUNDS), None)
