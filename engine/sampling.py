@@ -61,20 +61,22 @@ class Sampler:
         return self.draw(self.probabilities(logits[None])[0])
 
 
-def draw_each_row(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+def draw_each_row(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
     """One token per row of (B, V) non-negative weights, row b with its own CPU generator b,
     on the weights' device: `Sampler.draw`'s rule (the first token whose running total passes
     a uniform draw times the total) for every row at once. Only the B uniforms cross from the
     host; copying a GPU batch's weights to the host and drawing row by row there (384 rows
     of the demo's 49,152 tokens) bounded distillation's reply writing on an H100 at ~400
-    tokens/s (docs/BENCHMARKS.md). A token of weight 0 is never drawn."""
+    tokens/s (docs/BENCHMARKS.md). A token of weight 0 is never drawn: a uniform below 1
+    times the total stays below the total, so the draw lands on a token that adds weight."""
+    running = torch.cumsum(probs.detach(), dim=-1, dtype=torch.float64)  # (B, V)
+    totals = running[:, -1]
+    broken = ~torch.isfinite(totals) | (totals <= 0) | (probs < 0).any(dim=-1)
+    if bool(broken.any()):
+        raise ValueError("cannot draw a token: a row has a negative, infinite or NaN weight, or none above 0")
     uniforms = [float(torch.rand((), generator=generator, dtype=torch.float64)) for generator in generators]
-    running = torch.cumsum(probs.detach().double(), dim=-1)  # (B, V)
-    points = torch.tensor(uniforms, dtype=torch.float64, device=probs.device)[:, None] * running[:, -1:]
-    tokens = torch.searchsorted(running, points, right=True)[:, 0]  # (B,)
-    # A draw that rounded up to the total: the row's last token of nonzero weight.
-    last_with_weight = probs.shape[-1] - 1 - torch.argmax(torch.flip(probs > 0, dims=[-1]).to(torch.uint8), dim=-1)
-    return torch.minimum(tokens, last_with_weight)
+    points = torch.tensor(uniforms, dtype=torch.float64, device=probs.device) * totals  # (B,)
+    return torch.searchsorted(running, points[:, None], right=True)[:, 0]
 
 
 def best_tokens(logits: torch.Tensor) -> list[int]:

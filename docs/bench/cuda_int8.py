@@ -78,7 +78,7 @@ def measure(name: str, device: str) -> dict:
         rows["bf16 unfused norms"] = {"weights_mb": rows["bf16"]["weights_mb"], "ms": timed(model)}
     quantise_weight_only(model)
     rows["int8"] = {"weights_mb": weight_bytes(model) / 1e6, "ms": timed(model)}
-    with mock.patch.object(int8_cuda, "failure", lambda device: "unfused, for comparison"):
+    with mock.patch.object(int8_cuda, "failure", lambda device, dtype: "unfused, for comparison"):
         rows["int8 unfused"] = {"weights_mb": rows["int8"]["weights_mb"], "ms": timed(model)}
     del model
     gc.collect()
@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run of this script, not a measurement")
     args = parser.parse_args()
-    print(f"{args.device}; torch {torch.__version__}; int8 kernel: {int8_cuda.failure(torch.device(args.device)) or 'Triton, runs'}")
+    print(f"{args.device}; torch {torch.__version__}; int8 kernel: {int8_cuda.failure(torch.device(args.device), torch.bfloat16) or 'Triton, runs'}")
     results = {}
     for name in args.models.split(","):
         rows = measure(name, args.device)

@@ -56,13 +56,15 @@ class Eagle3Runtime(ModelRuntime):
         if native:
             self._layer: NativeHeadLayer | _TorchHeadLayer = NativeHeadLayer(head.float().eval(), embeddings)
         else:
-            self._layer = _TorchHeadLayer(head, embeddings, dtype or (torch.bfloat16 if fast_bf16() else torch.float32), quantise)
+            # bf16 by default on a GPU and on CPUs that multiply it natively
+            default = torch.bfloat16 if embeddings.device.type != "cpu" or fast_bf16() else torch.float32
+            self._layer = _TorchHeadLayer(head, embeddings, dtype or default, quantise)
         self.dtype = self._layer.dtype
         self.name = f"EAGLE-3 ({'native int8' if native else str(self.dtype).removeprefix('torch.')})"
         self.target = target
         self._outputs = torch.zeros(0, head.config.hidden_size, dtype=self.dtype)  # slot -> the layer's output there
         self._exact: list[bool] = []  # slot -> computed from the target's feature (or the first token)
-        self._target_ids = head.target_ids
+        self._target_ids = head.target_ids.cpu()  # indexes the host logits the drafter reads
         self._hidden_size = head.config.hidden_size
 
     # The contract
@@ -150,10 +152,8 @@ class _TorchHeadLayer:
         # On the device of the target's embeddings: a GPU target's head runs on its GPU, and
         # hands back host tensors like the native layer (the drafter reads them there).
         self.device = embeddings.device
-        if self.device.type != "cpu":
-            dtype = torch.bfloat16 if dtype == torch.float32 else dtype
         self.head = head.to(self.device, dtype).eval()
-        if dtype == torch.float32 and quantise:  # only on the CPU (above)
+        if dtype == torch.float32 and quantise and self.device.type == "cpu":  # fbgemm's int8: CPU only
             self.head = _with_int8_matmuls(self.head)
         self.embeddings = embeddings.to(dtype)
         self.dtype = dtype

@@ -179,6 +179,13 @@ class Eagle3Head(nn.Module):
         self.register_buffer("inv_freq", _inverse_frequencies(config), persistent=False)
         self.embed_tokens: nn.Embedding | None = None  # only heads that ship their own
 
+    def _apply(self, fn, recurse=True):
+        """`.to()`, `.half()` and the like, except that the rotary frequencies stay float32:
+        rounded to bf16 they put a head_dim-128 head's angles a radian off by position 1,000."""
+        super()._apply(fn, recurse)
+        self.inv_freq = _inverse_frequencies(self.config).to(self.inv_freq.device)
+        return self
+
     # The layer's arithmetic, in the order a step runs it
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:

@@ -14,42 +14,55 @@ once, that is the whole cost.
 - Triton compiles a kernel per block shape and dtype on its first call, which the runtime
   makes while it warms up, before it captures its CUDA graphs; a launch is then capturable
   like any other kernel.
-- Where Triton is missing or cannot compile (an old GPU, a torch without it), the layer
-  keeps the unfused product; `failure(device)` says why and the test suite checks the
-  kernel against it, on a GPU or in Triton's interpreter (`TRITON_INTERPRET=1`) where
-  Triton is installed.
+- Where Triton is missing or the kernel cannot compile or gives wrong sums (an old GPU, a
+  torch without Triton), the layer keeps the unfused product; `failure(device, dtype)` says
+  why. It checks every block shape the layers use, once per device and dtype, on the first
+  int8 layer's first call (before any graph capture); a launch that still fails later gives
+  the kernel up for that device and dtype (`give_up`). The tests check the kernel against
+  float64 sums on a GPU, or in Triton's interpreter (`TRITON_INTERPRET=1`) where Triton is
+  installed.
 """
 from __future__ import annotations
 
 import functools
+import warnings
+from types import ModuleType
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError as error:  # the CPU-only torch wheels do not bring Triton
-    triton = None
-    _IMPORT_ERROR = f"Triton is not installed ({error})"
-else:
-    _IMPORT_ERROR = None
+# Why the kernel does not run, by (device, dtype); a missing key: not checked yet.
+_FAILURES: dict[tuple[torch.device, torch.dtype], str | None] = {}
+
+
+@functools.cache
+def kernels() -> ModuleType | str:
+    """The Triton kernels' module, or why it cannot be imported (the CPU-only torch wheels
+    bring no Triton). Imported on first use only."""
+    try:
+        from . import triton_kernels
+    except Exception as error:  # noqa: BLE001 -- a missing or broken Triton keeps the unfused paths
+        return f"Triton could not be imported ({type(error).__name__}: {error})"
+    return triton_kernels
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x (..., K) float; weight (N, K) int8 with row stride possibly wider than K; scale (N,)
     float32; bias (N,) or None. Returns (..., N) in x's dtype: (x @ weight.T) * scale + bias."""
-    if weight.stride(1) != 1:
-        raise ValueError("the int8 weight's rows must be contiguous")
+    module = kernels()
+    if isinstance(module, str):
+        raise RuntimeError(module)
+    if weight.stride(1) != 1 or weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"an int8 weight of shape {tuple(weight.shape)} (contiguous rows) cannot multiply {x.shape[-1]}-wide rows")
     flat = x.reshape(-1, x.shape[-1]).contiguous()
     rows, depth = flat.shape
     outputs = weight.shape[0]
     out = torch.empty((rows, outputs), dtype=x.dtype, device=x.device)
     block_m, block_n, block_k, warps, stages = _blocks(rows, outputs)
     grid = (-(-outputs // block_n), -(-rows // block_m))  # ceil divisions
-    _int8_linear_kernel[grid](
+    module.int8_linear[grid](
         flat, weight, scale, bias if bias is not None else scale, out,
         rows, outputs, depth, flat.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=warps, num_stages=stages,
     )
     return out.reshape(*x.shape[:-1], outputs)
@@ -60,51 +73,54 @@ def _blocks(rows: int, outputs: int) -> tuple[int, int, int, int, int]:
     the weight: narrow column blocks give every multiprocessor (132 on an H100) blocks of its
     own to read, deep K blocks keep several loads in flight. Prompts take wider blocks."""
     if rows <= 16:
-        return 16, (32 if outputs <= 16384 else 64), 256, 4, 4
+        return 16, (32 if outputs <= WIDE_OUTPUTS else 64), 256, 4, 4
     if rows <= 64:
         return 64, 64, 128, 4, 4
     return 128, 128, 64, 8, 3
 
 
-if triton is not None:
-
-    @triton.jit(do_not_specialize=["M"])
-    def _int8_linear_kernel(
-        x_ptr, w_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ):
-        rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-        columns = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        depth = tl.arange(0, BLOCK_K)
-        sums = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for start in range(0, K, BLOCK_K):
-            ks = start + depth
-            x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)
-            w = tl.load(w_ptr + columns[:, None] * stride_wn + ks[None, :], mask=(columns[:, None] < N) & (ks[None, :] < K), other=0)
-            # int8 values are exact in bf16 and fp16 (8 and 11 significant bits).
-            sums += tl.dot(x, tl.trans(w.to(x.dtype)))
-        scale = tl.load(scale_ptr + columns, mask=columns < N, other=0.0)
-        out = sums * scale[None, :]
-        if HAS_BIAS:
-            out += tl.load(bias_ptr + columns, mask=columns < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(
-            out_ptr + rows[:, None] * stride_om + columns[None, :], out.to(out_ptr.dtype.element_ty),
-            mask=(rows[:, None] < M) & (columns[None, :] < N),
-        )
+WIDE_OUTPUTS = 16384  # past this many outputs (a vocabulary), one-token blocks are twice as wide
+# (rows, outputs, bias) the check runs: each block shape of `_blocks`, with and without a bias.
+CHECKED_SHAPES = ((2, 24, True), (20, 24, False), (80, 24, True), (2, WIDE_OUTPUTS + 16, False))
 
 
-@functools.cache
-def failure(device: torch.device) -> str | None:
-    """None where the kernel compiles and gives the right sums on this GPU, else why not
-    (checked once per device, on the first int8 layer's first call, before any graph capture)."""
-    if _IMPORT_ERROR is not None:
-        return _IMPORT_ERROR
-    try:
-        x = torch.ones(2, 40, dtype=torch.float16, device=device)
-        weight = torch.full((24, 40), -3, dtype=torch.int8, device=device)
-        got = linear(x, weight, torch.full((24,), 0.5, device=device), torch.ones(24, dtype=torch.float16, device=device))
-    except Exception as error:  # noqa: BLE001 -- any failure keeps the unfused product
-        return f"the Triton int8 kernel failed on {device}: {error}"
-    if not bool((got == -59).all()):
-        return f"the Triton int8 kernel gave wrong sums on {device}"
+def failure(device: torch.device, dtype: torch.dtype) -> str | None:
+    """None where the kernel compiles and gives the right sums for `dtype` activations on
+    this GPU in every block shape, else why not. Checked once per device and dtype; a
+    shortage of memory is not kept, so a later call checks again."""
+    key = (device, dtype)
+    if key not in _FAILURES:
+        reason = _check(device, dtype)
+        if reason is not None and "out of memory" in reason.lower():
+            return reason
+        _FAILURES[key] = reason
+    return _FAILURES[key]
+
+
+def give_up(device: torch.device, dtype: torch.dtype, error: Exception) -> None:
+    """A launch failed after the check passed: the unfused product from now on, said once."""
+    _FAILURES[(device, dtype)] = f"the Triton int8 kernel failed on {device}: {error}"
+    warnings.warn(f"{_FAILURES[(device, dtype)]}; int8 layers use the unfused product (slower)", RuntimeWarning, stacklevel=3)
+
+
+def _check(device: torch.device, dtype: torch.dtype) -> str | None:
+    module = kernels()
+    if isinstance(module, str):
+        return module
+    depth = 40
+    generator = torch.Generator().manual_seed(0)
+    for rows, outputs, with_bias in CHECKED_SHAPES:
+        x = torch.randn(rows, depth, generator=generator).to(device, dtype)
+        weight = torch.randint(-127, 128, (outputs, depth), generator=generator, dtype=torch.int8).to(device)
+        scale = (torch.rand(outputs, generator=generator) / 64).to(device)
+        bias = torch.randn(outputs, generator=generator).to(device, dtype) if with_bias else None
+        try:
+            got = linear(x, weight, scale, bias)
+        except Exception as error:  # noqa: BLE001 -- any failure keeps the unfused product
+            return f"the Triton int8 kernel failed on {device} ({rows} rows, {outputs} outputs): {error}"
+        expected = (x.double() @ weight.double().T) * scale.double() + (bias.double() if bias is not None else 0)
+        # within a few units of the output dtype's rounding of the largest value
+        tolerance = 8 * torch.finfo(dtype).eps * float(expected.abs().max())
+        if not bool(((got.double() - expected).abs() <= tolerance).all()):
+            return f"the Triton int8 kernel gave wrong sums on {device} ({rows} rows, {outputs} outputs, {dtype})"
     return None

@@ -54,9 +54,12 @@ class Int8Linear(nn.Module):
         if x.device.type == "cpu":
             flat = x.reshape(-1, x.shape[-1])
             product = integer_product(flat, self.weight, self.row_sums).reshape(*x.shape[:-1], -1)
-        elif int8_cuda.failure(x.device) is None:
-            return int8_cuda.linear(x, self.weight, self.scale, self.bias)
         else:
+            if int8_cuda.failure(x.device, x.dtype) is None:
+                try:
+                    return int8_cuda.linear(x, self.weight, self.scale, self.bias)
+                except Exception as error:  # noqa: BLE001 -- a kernel that fails costs speed, not the reply
+                    int8_cuda.give_up(x.device, x.dtype, error)
             product = F.linear(x, self.weight.to(x.dtype))
         # Scaled (and biased) in float32, then rounded once to the activations' dtype.
         out = product * self.scale  # (..., out) float32

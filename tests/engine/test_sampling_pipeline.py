@@ -152,7 +152,10 @@ def test_drawing_each_row_at_once_follows_each_rows_weights_with_its_own_generat
     one_by_one = [Sampler(1.0, 0, 1.0, generator).draw(weights) for generator, weights in zip(again, rows)]
     fresh = [torch.Generator().manual_seed(seed) for seed in (1, 2, 3)]
     assert draw_each_row(rows, fresh).tolist() == one_by_one
-    # the extreme uniforms: the largest below 1 may round the point up to the total
+    for broken in ([[0.5, float("nan")]], [[0.5, -0.1, 0.6]], [[0.0, 0.0]], [[1.0, float("inf")]]):
+        with pytest.raises(ValueError, match="cannot draw a token"):
+            draw_each_row(torch.tensor(broken), [torch.Generator()])
+    # the extreme uniforms land on tokens with weight, at either end
     edges = torch.tensor([[0.3, 0.7, 0.0, 0.0], [0.0, 0.0, 0.4, 0.6]])
     for uniform, expected in ((1.0 - 2.0 ** -53, [1, 3]), (0.0, [0, 2])):
         monkeypatch.setattr(torch, "rand", lambda *args, uniform=uniform, **kwargs: torch.tensor(uniform, dtype=torch.float64))

@@ -16,6 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from engine.chat_prompt import Message
 from engine.config import DecodeSettings, ModelSpec, PairConfig
+from engine.runtime import int8_cuda
 from engine.runtime.int8_weights import Int8Linear, quantise_weight_only, weight_bytes
 from engine.models import LoadedModel
 from engine.runtime.static_families import static_refusal
@@ -382,6 +383,7 @@ def test_replayed_graphs_give_the_uncaptured_forward_logits(precision):
     model = tiny_llama(seed=2, vocab_size=VOCAB).to("cuda", torch.float32 if precision == "fp32" else torch.bfloat16)
     if precision == "int8-wo":
         quantise_weight_only(model)
+        assert int8_cuda.failure(torch.device("cuda"), torch.bfloat16) is None  # the layers take the kernel
     captured, uncaptured = (
         StaticTorchRuntime(model, torch.device("cuda"), 1200, graphs=graphs, hidden_states=True) for graphs in (True, False)
     )
