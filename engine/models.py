@@ -31,7 +31,7 @@ from .model_files import check_model_files
 from .paths import cache_dir
 from .runtime import ModelRuntime
 from .runtime import int8_kernel
-from .runtime import llamacpp_library
+from .runtime import llamacpp_library, llamacpp_process
 from .runtime.device import resolve_device
 from .runtime.eagle3_head import Eagle3Head, check_fits_target, load_head
 from .runtime.reduced_vocabulary import ReducedVocabulary, ReducedVocabularyRuntime
@@ -183,7 +183,8 @@ def runtime_gguf(spec: ModelSpec, runtime: str) -> Path | None:
                 f"{spec.source} has no GGUF file for the llama.cpp runtime. "
                 f"Export one with: tandem export-gguf {spec.source}"
             )
-        llamacpp_library.library()  # a clear error now if the library is missing or too old
+        if not llamacpp_process.wanted(spec.device):  # a worker says so itself, as it loads
+            llamacpp_library.library()  # a clear error now if the library is missing or too old
         return gguf
     return gguf if gguf is not None and llamacpp_library.available() else None
 
@@ -201,13 +202,21 @@ def _load_with_llamacpp(spec: ModelSpec, gguf: Path, report: ProgressCallback, a
     precision = spec.precision
     if precision == "auto":
         precision = "stored" if as_draft else LLAMACPP_TARGET_PRECISION
-    if precision in llamacpp_library.QUANTISED_FILE_TYPES:
-        gguf = llamacpp_library.quantised_copy(gguf, precision, announce=lambda message: report(message, None))
     folder = None if _gguf_path(spec) is not None else Path(spec.source).expanduser()
     tokenizer = _load_tokenizer(folder) if folder is not None else _gguf_tokenizer(original, report)
     vocabulary = ReducedVocabulary.load(folder)
-    report("Loading weights (llama.cpp)…", None)
-    weights = load_weights(gguf, use_gpu=spec.device != "cpu")  # offloads only where the build can
+    announce = lambda message: report(message, None)  # noqa: E731
+    use_gpu = spec.device != "cpu"  # offloads only where the build can
+    if llamacpp_process.wanted(spec.device):
+        # This process never loads llama.cpp: the worker converts and loads the file.
+        report("Loading weights (llama.cpp, in its own process)…", None)
+        weights = llamacpp_process.load_weights(gguf, precision, use_gpu, announce)
+        gguf = weights.path
+    else:
+        if precision in llamacpp_library.QUANTISED_FILE_TYPES:
+            gguf = llamacpp_library.quantised_copy(gguf, precision, announce=announce)
+        report("Loading weights (llama.cpp)…", None)
+        weights = load_weights(gguf, use_gpu)
     context_length = min(weights.context_length or FALLBACK_CONTEXT_LENGTH, MAX_CONTEXT_LENGTH)
     return LoadedModel(
         model=None,
@@ -218,7 +227,7 @@ def _load_with_llamacpp(spec: ModelSpec, gguf: Path, report: ProgressCallback, a
         label=source_label(spec),
         context_length=context_length,
         folder=folder,
-        runtime="llama.cpp" + (" (GPU)" if weights.gpu_layers else ""),
+        runtime=_llamacpp_label(weights),
         gpu_layers=weights.gpu_layers,
         gguf_file=gguf,
         runtime_factory=lambda hidden_states, feature_layers=(): LlamaCppRuntime(
@@ -232,6 +241,13 @@ def _load_with_llamacpp(spec: ModelSpec, gguf: Path, report: ProgressCallback, a
         release=weights.close,
         vocabulary=vocabulary,
     )
+
+
+def _llamacpp_label(weights) -> str:
+    """How the speed panel names the runtime: "llama.cpp", "llama.cpp (GPU, own process)"…"""
+    where = ["GPU"] if weights.gpu_layers else []
+    where += ["own process"] if isinstance(weights, llamacpp_process.WorkerWeights) else []
+    return "llama.cpp" + (f" ({', '.join(where)})" if where else "")
 
 
 def _eos_ids(source: Any) -> frozenset[int]:

@@ -1,114 +1,26 @@
 """The llama.cpp runtime: a GGUF model run by llama.cpp's own kernels (llama-cpp-python's
 low-level API), behind the same contract as the torch runtime.
 
-A token tree runs in ONE `llama_decode`: every root-to-leaf path is a llama.cpp sequence,
-and each tree token carries the ids of every sequence that passes through it. The
-committed context is sequence 0. The KV cache is unified, so a token shared by several
-sequences is stored once. Keeping the accepted path makes its sequence's tokens part of
-sequence 0 and removes every other sequence, which frees the rejected branches' cells; a
-chain rolls back with one `seq_rm`.
+The context it drives (`llamacpp_context.LlamaCppContext`) runs here, or in a worker process
+(`llamacpp_process`) where llama.cpp must not share this process (on a GPU next to CUDA
+torch); the runtime is the same either way.
 """
 from __future__ import annotations
 
-import ctypes
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..errors import ModelLoadError, OutOfMemoryError
+from ..errors import ModelLoadError
 from .base import ModelRuntime
-from .cpu import ThreadBudget, chosen_threads, physical_cores, repacking_crashes
-from .llamacpp_library import failure_reason, forget_log, layer_input_functions, library
-from .llamacpp_library import version as llamacpp_version
-
-COMMITTED = 0  # the sequence that holds the committed context
-# Sequences a context can hold at once: the committed one plus one per tree leaf. Trees
-# are at most 128 drafted nodes (config.DecodeSettings), so at most 128 leaves.
-SEQUENCES = 130
-BATCH_TOKENS = 512  # tokens per llama_decode call; a longer prompt is fed in pieces
-
-
-@dataclass
-class LlamaCppWeights:
-    """A loaded GGUF model: the weights every runtime (context) over it shares."""
-
-    handle: ctypes.c_void_p
-    path: Path
-    vocab_size: int
-    context_length: int
-    eos_token_ids: frozenset[int]
-    supports_trees: bool
-    gpu_layers: int
-    file_type: str  # e.g. "Q4_1", as llama.cpp describes the weights
-    hidden_size: int = 0
-    layer_count: int = 0
-
-    def close(self) -> None:
-        if self.handle:
-            library().llama_model_free(self.handle)
-            self.handle = None
-
-
-def load_weights(path: Path, use_gpu: bool) -> LlamaCppWeights:
-    """Load `path` with llama.cpp; every failure is a `ModelLoadError` naming the file."""
-    llama_cpp = library()
-    if not path.is_file():
-        raise ModelLoadError(f"Model file not found: {path}")
-    params = llama_cpp.llama_model_default_params()
-    params.n_gpu_layers = -1 if use_gpu and llama_cpp.llama_supports_gpu_offload() else 0
-    if repacking_crashes():
-        params.use_extra_bufts = False
-    forget_log()
-    handle = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
-    if not handle:
-        reason = failure_reason(
-            f"its format or architecture may be one this llama.cpp ({llamacpp_version()}) does not read; "
-            "update llama-cpp-python, or choose the PyTorch runtime"
-        )
-        raise ModelLoadError(f"Could not load the GGUF file {path} with llama.cpp: {reason}.")
-    description = ctypes.create_string_buffer(256)
-    llama_cpp.llama_model_desc(handle, description, len(description))
-    vocab = llama_cpp.llama_model_get_vocab(handle)
-    stop_ids = {llama_cpp.llama_vocab_eos(vocab), llama_cpp.llama_vocab_eot(vocab)}
-    return LlamaCppWeights(
-        handle=handle,
-        path=path,
-        vocab_size=llama_cpp.llama_vocab_n_tokens(vocab),
-        context_length=llama_cpp.llama_model_n_ctx_train(handle),
-        eos_token_ids=frozenset(token for token in stop_ids if token >= 0),
-        # A sliding window drops old positions by itself; a kept path would not survive it.
-        supports_trees=llama_cpp.llama_model_n_swa(handle) == 0,
-        gpu_layers=params.n_gpu_layers,
-        file_type=description.value.decode(errors="replace").rsplit(" ", 1)[-1],
-        hidden_size=llama_cpp.llama_model_n_embd(handle),
-        layer_count=llama_cpp.llama_model_n_layer(handle),
-    )
-
-
-def attention_kernel(weights: LlamaCppWeights) -> int:
-    """llama.cpp's flash-attention setting for a context over `weights`: off where the model
-    runs on the CPU, llama.cpp's own choice where its layers are on a GPU.
-
-    Why: llama.cpp's default (auto) picks flash attention, and its CPU kernel costs more per
-    token and per token of context than the plain one. On the 2-core development CPU (demo
-    target, Q8_0, 8192-token context; docs/BENCHMARKS.md, "llama.cpp's attention on the CPU")
-    a step after 300 tokens of context costs 20.0 ms with it and 14.5 without, after 3,584
-    tokens 64.9 against 25.3, and an 8-token verify 58.9 against 35.7 and 396 against 71: a
-    verify near a step's price is what speculation needs. Reading a long prompt is ~10% faster
-    with it, which a reply's decoding outweighs. llama-cpp-python's `Llama` runs without it too.
-
-    What it costs: with flash attention a token verified in a batch got the logits it gets
-    stepped alone, rejected tokens cropped or not, while the context stayed under ~256 tokens
-    (beyond that, up to ~1.0 apart at Q8_0); the plain kernel never does (0.3-1.0). So a
-    greedy `chain` reply in a short conversation can now part from plain decoding's at a
-    near-tie, as tree replies and longer conversations could already. The verifier stays exact
-    (the F32-GGUF tests), and `auto`, which runs plain decoding where drafting does not pay,
-    wrote `ar`'s replies in every run measured.
-    """
-    llama_cpp = library()
-    return llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if weights.gpu_layers else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+from .llamacpp_context import (  # noqa: F401  (load_weights: the name the engine loads GGUF files by)
+    DecodeOutputs,
+    GgufFacts,
+    LlamaCppWeights,
+    attention_kernel,
+    load_weights,
+)
 
 
 def token_embeddings(path: Path) -> torch.Tensor:
@@ -129,57 +41,27 @@ class LlamaCppRuntime(ModelRuntime):
     name = "llama.cpp"
 
     def __init__(
-        self, weights: LlamaCppWeights, context_length: int, threads: int | None = None, hidden_states: bool = False,
-        feature_layers: tuple[int, ...] = (),
+        self, weights: GgufFacts, context_length: int, threads: int | None = None,
+        hidden_states: bool = False, feature_layers: tuple[int, ...] = (),
     ):
-        super().__init__(weights.vocab_size)
-        self._llama = library()
+        """`weights` loaded here (`load_weights`) or in a worker process (`llamacpp_process`):
+        each opens its own kind of context, which this runtime drives the same way."""
+        context = weights.open_context(context_length, threads, hidden_states, tuple(feature_layers))
+        super().__init__(context.vocab_size)
+        self._context = context
         self.weights = weights
         self.supports_trees = weights.supports_trees
-        params = self._llama.llama_context_default_params()
-        params.n_ctx = context_length
-        # llama.cpp clamps a batch to the context and then refuses its own output buffer.
-        self._batch_tokens = min(BATCH_TOKENS, context_length)
-        params.n_batch = params.n_ubatch = self._batch_tokens
-        params.n_seq_max = SEQUENCES
-        # llama.cpp reserves an output row per sequence at least, and asserts that fits.
-        params.n_outputs_max = max(self._batch_tokens, SEQUENCES)
-        params.kv_unified = True  # tree tokens are shared by several sequences
-        params.n_threads = params.n_threads_batch = threads or physical_cores()
-        # Threads follow the free cores unless the caller or TANDEM_THREADS fixed them.
-        self._thread_budget = None if threads or chosen_threads() else ThreadBudget(physical_cores())
-        self._threads = params.n_threads
-        params.no_perf = True
-        params.flash_attn_type = attention_kernel(weights)
-        # With embeddings on and no pooling, each decode also returns every output token's
-        # final-norm hidden state beside its logits (what learned verifier heads read).
-        params.embeddings = hidden_states
-        params.pooling_type = 0  # LLAMA_POOLING_TYPE_NONE
-        self.returns_hidden = hidden_states
-        self._hidden_width = self._llama.llama_model_n_embd(weights.handle) if hidden_states else 0
-        self._hidden: np.ndarray | None = None
-        forget_log()
-        self._context = self._llama.llama_init_from_model(weights.handle, params)
-        if not self._context:
-            reason = failure_reason("the machine is probably out of memory: close other programs, or choose a smaller model")
-            raise OutOfMemoryError(f"llama.cpp could not make a context of {context_length} tokens for {weights.path}: {reason}.")
-        self._memory = self._llama.llama_get_memory(self._context)
-        self.feature_layers = tuple(feature_layers)
-        self._layer_inputs = self._extract_layer_inputs(self.feature_layers)
-        self._new_features: np.ndarray | None = None
-        self._batch = self._llama.llama_batch_init(self._batch_tokens, 0, SEQUENCES)
-        self._slot_sequence: list[int] = []  # slot -> a sequence that holds its whole path
-        self._sequence_tip: dict[int, int] = {}  # sequence -> its deepest slot
-        self._free_sequences = list(range(SEQUENCES - 1, COMMITTED, -1))
+        self.returns_hidden = bool(context.hidden_width)
+        self.feature_layers = tuple(context.feature_layers)
+        self._last: DecodeOutputs | None = None
 
     def close(self) -> None:
-        if self._context:
-            self._llama.llama_batch_free(self._batch)
-            self._llama.llama_free(self._context)
-            self._context = None
+        self._context.close()
 
-    def __del__(self):
-        self.close()
+    @property
+    def threads(self) -> int:
+        """The threads the next decode runs on."""
+        return self._context.threads
 
     # The contract
 
@@ -188,157 +70,19 @@ class LlamaCppRuntime(ModelRuntime):
         return self._run_tree(new_ids, list(range(start - 1, start - 1 + len(new_ids))), list(range(start, start + len(new_ids))), logits_wanted)
 
     def _run_tree(self, new_ids: list[int], parents: list[int], positions: list[int], logits_wanted: int) -> torch.Tensor:
-        sequences = self._assign_sequences(parents)
-        logits = np.empty((logits_wanted, self.vocab_size), dtype=np.float32)
-        hidden = np.empty((logits_wanted, self._hidden_width), dtype=np.float32) if self._hidden_width else None
-        width = self._llama.llama_model_n_embd(self.weights.handle)
-        features = np.empty((len(new_ids), width * len(self.feature_layers)), dtype=np.float32) if self.feature_layers else None
-        first_wanted = len(new_ids) - logits_wanted
-        filled = 0
-        for begin in range(0, len(new_ids), self._batch_tokens):
-            end = min(begin + self._batch_tokens, len(new_ids))
-            outputs = self._fill_batch(new_ids, positions, sequences, begin, end, first_wanted)
-            self._follow_thread_budget()
-            status = self._llama.llama_decode(self._context, self._batch)
-            if status != 0:
-                raise self._decode_error(status)
-            if features is not None:
-                # One block of n_embd floats per batch token, in the batch's order.
-                for column, layer in enumerate(self.feature_layers):
-                    rows = np.ctypeslib.as_array(self._layer_inputs(self._context, layer), shape=(end - begin, width))
-                    features[begin:end, column * width:(column + 1) * width] = rows
-            # By batch row: with embeddings on, llama.cpp outputs every token, not only the
-            # ones asked for. Rows are copied: llama.cpp reuses its buffers.
-            for row in range(end - begin - outputs, end - begin):
-                row_logits = self._llama.llama_get_logits_ith(self._context, row)
-                logits[filled] = np.ctypeslib.as_array(row_logits, shape=(self.vocab_size,))
-                if hidden is not None:
-                    row_hidden = self._llama.llama_get_embeddings_ith(self._context, row)
-                    hidden[filled] = np.ctypeslib.as_array(row_hidden, shape=(self._hidden_width,))
-                filled += 1
-        self._hidden = hidden
-        self._new_features = features
-        return torch.from_numpy(logits)
-
-    def _follow_thread_budget(self) -> None:
-        if self._thread_budget is None:
-            return
-        threads = self._thread_budget.threads()
-        if threads != self._threads:
-            self._llama.llama_set_n_threads(self._context, threads, threads)
-            self._threads = threads
-
-    @property
-    def threads(self) -> int:
-        """The threads the next decode runs on."""
-        return self._threads
+        self._last = self._context.run(new_ids, parents, positions, logits_wanted)
+        return torch.from_numpy(self._last.logits)
 
     def _last_features(self) -> torch.Tensor:
-        return torch.from_numpy(self._new_features)
-
-    def _extract_layer_inputs(self, layers: tuple[int, ...]):
-        """Turn on llama.cpp's extraction of these layers' inputs; the getter, or None."""
-        if not layers:
-            return None
-        functions = layer_input_functions()
-        if functions is None:
-            raise ModelLoadError(
-                "This build of llama.cpp cannot hand out layer features, which an EAGLE-3 head needs; "
-                "run the pair on the torch runtime."
-            )
-        setter, getter = functions
-        for layer in layers:
-            setter(self._context, layer, True)
-        return getter
+        return torch.from_numpy(self._last.features)
 
     def last_hidden_states(self) -> torch.Tensor:
-        if self._hidden is None:
+        if self._last is None or self._last.hidden is None:
             return super().last_hidden_states()
-        return torch.from_numpy(self._hidden)
+        return torch.from_numpy(self._last.hidden)
 
     def _keep(self, prefix: int, extra_slots: list[int]) -> None:
-        llama, memory = self._llama, self._memory
-        end = prefix + len(extra_slots)
-        path_sequence = self._slot_sequence[extra_slots[-1]] if extra_slots else COMMITTED
-        if path_sequence == COMMITTED:
-            llama.llama_memory_seq_rm(memory, COMMITTED, end, -1)
-        else:
-            llama.llama_memory_seq_rm(memory, COMMITTED, prefix, -1)
-            llama.llama_memory_seq_cp(memory, path_sequence, COMMITTED, prefix, end)
-        for sequence in list(self._sequence_tip):
-            if sequence != COMMITTED:
-                llama.llama_memory_seq_rm(memory, sequence, -1, -1)  # frees cells no sequence holds
-        self._reset_sequences(end)
+        self._context.keep(prefix, extra_slots)
 
     def _clear(self) -> None:
-        self._llama.llama_memory_clear(self._memory, True)
-        self._reset_sequences(0)
-
-    # Sequences
-
-    def _assign_sequences(self, parents: list[int]) -> list[list[int]]:
-        """For each new token, the sequences it belongs to, its own path's first (llama.cpp
-        masks a token's attention by its first sequence). A token that continues its
-        parent's sequence joins it; a branch gets a fresh sequence that every ancestor joins:
-        new ones through the batch, cached ones by `seq_cp`."""
-        start = len(self)
-        sequences: list[list[int]] = []
-        own: list[int] = []
-        for index, parent in enumerate(parents):
-            slot = start + index
-            parent_sequence = COMMITTED if parent < 0 else (own[parent - start] if parent >= start else self._slot_sequence[parent])
-            if parent < 0 or self._sequence_tip.get(parent_sequence) == parent:
-                sequence = parent_sequence
-            else:
-                sequence = self._fresh_sequence()
-                ancestor = parent
-                while ancestor >= start:
-                    sequences[ancestor - start].append(sequence)
-                    ancestor = parents[ancestor - start]
-                if ancestor >= 0:
-                    position = self.slot_positions[ancestor]
-                    self._llama.llama_memory_seq_cp(self._memory, self._slot_sequence[ancestor], sequence, -1, position + 1)
-            self._sequence_tip[sequence] = slot
-            own.append(sequence)
-            sequences.append([sequence])
-        self._slot_sequence.extend(own)
-        return sequences
-
-    def _fresh_sequence(self) -> int:
-        if not self._free_sequences:
-            raise ValueError(f"a token tree with more than {SEQUENCES - 1} leaves does not fit one llama.cpp context")
-        sequence = self._free_sequences.pop()
-        self._llama.llama_memory_seq_rm(self._memory, sequence, -1, -1)
-        return sequence
-
-    def _reset_sequences(self, length: int) -> None:
-        self._slot_sequence = [COMMITTED] * length
-        self._sequence_tip = {COMMITTED: length - 1} if length else {}
-        self._free_sequences = list(range(SEQUENCES - 1, COMMITTED, -1))
-
-    # The batch
-
-    def _fill_batch(self, ids, positions, sequences, begin: int, end: int, first_wanted: int) -> int:
-        batch = self._batch
-        outputs = 0
-        for row, index in enumerate(range(begin, end)):
-            batch.token[row] = ids[index]
-            batch.pos[row] = positions[index]
-            token_sequences = sequences[index]
-            batch.n_seq_id[row] = len(token_sequences)
-            seq_ids = batch.seq_id[row]
-            for column, sequence in enumerate(token_sequences):
-                seq_ids[column] = sequence
-            wanted = index >= first_wanted
-            batch.logits[row] = wanted
-            outputs += wanted
-        batch.n_tokens = end - begin
-        return outputs
-
-    def _decode_error(self, status: int) -> Exception:
-        self.reset()
-        if status == 1:
-            return OutOfMemoryError(
-                f"llama.cpp found no room in its KV cache for {self.weights.path.name}: start a new chat, or choose a smaller model."
-            )
-        return ModelLoadError(f"llama.cpp failed to run {self.weights.path.name} (llama_decode returned {status}); start a new chat and try again.")
+        self._context.clear()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.runtime import llamacpp, llamacpp_library
+from engine.runtime import llamacpp, llamacpp_context, llamacpp_library
 from engine.runtime.cpu import ThreadBudget, physical_cores
 
 
@@ -59,7 +59,7 @@ def test_llamacpp_decodes_on_the_threads_the_budget_allows(f32_weights, monkeypa
     monkeypatch.delenv("TANDEM_THREADS", raising=False)
     weights = f32_weights
     machine = Machine()
-    monkeypatch.setattr(llamacpp, "ThreadBudget", lambda cores: machine.budget(cores=2))
+    monkeypatch.setattr(llamacpp_context, "ThreadBudget", lambda cores: machine.budget(cores=2))
     runtime = llamacpp.LlamaCppRuntime(weights, context_length=256)
     quiet = runtime.forward([1, 2, 3, 4], logits_wanted=4)  # budget not yet due: every core
     assert runtime.threads == physical_cores()
@@ -74,5 +74,5 @@ def test_llamacpp_decodes_on_the_threads_the_budget_allows(f32_weights, monkeypa
 def test_a_fixed_thread_count_is_kept(f32_weights, monkeypatch):
     monkeypatch.setenv("TANDEM_THREADS", "1")
     runtime = llamacpp.LlamaCppRuntime(f32_weights, context_length=256)
-    assert runtime._thread_budget is None and runtime.threads == 1
+    assert runtime._context._thread_budget is None and runtime.threads == 1
     runtime.close()

@@ -1,0 +1,155 @@
+"""llama.cpp in a worker process (llamacpp_process): the same runtime as in this process, on
+the same F32 demo GGUF, bit for bit; a worker that never loads torch's libraries; and
+failures (a bad file, a full cache, a worker that dies) that are clear errors, never hangs."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("llama_cpp")
+
+from engine.errors import ModelLoadError, OutOfMemoryError
+from engine.runtime import llamacpp_library, llamacpp_process
+from engine.runtime.llamacpp import LlamaCppRuntime, load_weights
+
+LAYERS = (1, 14, 27)
+
+
+@pytest.fixture(scope="module")
+def f32_path(demo_target_path) -> Path:
+    return llamacpp_library.quantised_copy(demo_target_path, "fp32")
+
+
+@pytest.fixture(scope="module")
+def both_weights(f32_path):
+    here = load_weights(f32_path, use_gpu=False)
+    worker = llamacpp_process.load_weights(f32_path, "stored", use_gpu=False)
+    yield here, worker
+    here.close()
+    worker.close()
+
+
+def run_the_same_calls(runtime: LlamaCppRuntime, seed: int) -> list[torch.Tensor]:
+    """Prompt, tree, kept path, crop, step: every call the algorithms make, with its outputs."""
+    rng = random.Random(seed)
+    outputs = [runtime.forward([rng.randrange(200, 40000) for _ in range(30)], logits_wanted=3)]
+    start = len(runtime)
+    parents = [start - 1, start, start - 1, start + 2, start + 1]
+    outputs.append(runtime.forward_tree([rng.randrange(200, 40000) for _ in parents], parents, len(parents)))
+    runtime.keep_slots(start, [start + 2, start + 3])
+    outputs.append(runtime.forward([rng.randrange(200, 40000)]))
+    runtime.crop(start - 4)
+    outputs.append(runtime.forward([rng.randrange(200, 40000) for _ in range(3)], logits_wanted=2))
+    if runtime.returns_hidden:
+        outputs.append(runtime.last_hidden_states())
+    if runtime.feature_layers:
+        outputs.append(runtime.features)
+    return outputs
+
+
+@pytest.mark.parametrize("kind", ["plain", "hidden states", "features"])
+def test_a_worker_runtime_gives_what_the_runtime_here_gives_bit_for_bit(both_weights, kind):
+    options = {"plain": {}, "hidden states": {"hidden_states": True}, "features": {"feature_layers": LAYERS}}[kind]
+    here_weights, worker_weights = both_weights
+    assert (worker_weights.vocab_size, worker_weights.hidden_size, worker_weights.file_type) == (
+        here_weights.vocab_size, here_weights.hidden_size, here_weights.file_type
+    )
+    here = LlamaCppRuntime(here_weights, 256, threads=1, **options)
+    there = LlamaCppRuntime(worker_weights, 256, threads=1, **options)
+    try:
+        for expected, got in zip(run_the_same_calls(here, seed=3), run_the_same_calls(there, seed=3), strict=True):
+            assert got.shape == expected.shape
+            assert torch.equal(got, expected)
+        assert there.cached_ids == here.cached_ids
+    finally:
+        here.close()
+        there.close()
+
+
+def test_the_worker_never_loads_torch_and_runs_llamacpp(both_weights, tmp_path):
+    """The point of the worker: llama.cpp's libraries without torch's, in one process."""
+    maps = Path(f"/proc/{both_weights[1].worker._process.pid}/maps")
+    if not maps.exists():
+        pytest.skip("needs /proc to read which libraries a process has loaded")
+    libraries = {Path(line.split()[-1]).name for line in maps.read_text().splitlines() if ".so" in line}
+    assert any(name.startswith("libllama") for name in libraries), sorted(libraries)
+    assert not any("torch" in name or name.startswith("libc10") for name in libraries), sorted(libraries)
+
+
+def test_a_corrupt_file_is_a_clear_error_and_leaves_no_worker(f32_path, tmp_path):
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(f32_path.read_bytes()[: 1 << 20])
+    before = set(_worker_pids())
+    with pytest.raises(ModelLoadError, match="corrupt.gguf"):
+        llamacpp_process.load_weights(corrupt, "stored", use_gpu=False)
+    assert set(_worker_pids()) == before
+
+
+def test_a_full_cache_is_an_error_and_the_worker_serves_on(both_weights):
+    runtime = LlamaCppRuntime(both_weights[1], 256, threads=1)
+    try:
+        with pytest.raises((OutOfMemoryError, ModelLoadError, ValueError)):
+            runtime.forward(list(range(300, 900)))
+        assert len(runtime) == 0  # nothing half-written is trusted
+        assert runtime.forward([300, 301, 302]).shape == (1, both_weights[1].vocab_size)
+    finally:
+        runtime.close()
+
+
+def test_a_worker_that_dies_is_a_clear_error_not_a_hang(f32_path):
+    weights = llamacpp_process.load_weights(f32_path, "stored", use_gpu=False)
+    runtime = LlamaCppRuntime(weights, 128, threads=1)
+    runtime.forward([300, 301])
+    os.kill(weights.worker._process.pid, signal.SIGKILL)
+    with pytest.raises(ModelLoadError, match="stopped by SIGKILL.*Choose the model again"):
+        runtime.forward([302])
+    assert len(runtime) == 0
+    runtime.close()  # closing what is gone is no error
+    weights.close()
+
+
+def test_a_pair_loaded_with_workers_never_loads_llamacpp_here_and_writes_the_same_reply(tmp_path):
+    """Chat turns through `load_model` with TANDEM_LLAMACPP_PROCESS=1, in a fresh interpreter
+    (this one has loaded llama.cpp already): the target verifies trees its self-draft proposes
+    in another worker, and the greedy tree reply is plain decoding's."""
+    script = textwrap.dedent("""
+        import json, sys
+        from engine.chat_prompt import Message
+        from engine.config import DecodeSettings, ModelSpec, PairConfig
+        from engine.models import load_model
+        from engine.session import LoadedPair
+        target = load_model(ModelSpec("demo-target", precision="fp32"), runtime="llama.cpp")
+        draft = load_model(ModelSpec("demo-target", precision="fp32"), runtime="llama.cpp", as_draft=True)
+        pair = LoadedPair(PairConfig("self", ModelSpec("demo-target"), ModelSpec("demo-target")), target, draft)
+        replies = {}
+        for method in ("ar", "tree"):
+            settings = DecodeSettings(method=method, max_new_tokens=24, tree_shape="4x3" if method == "tree" else "auto")
+            replies[method] = list(pair.generate([Message("user", "Name three rivers.")], settings))[-1].token_ids
+        print(json.dumps({"replies": replies, "runtime": target.runtime, "llama_cpp_here": "llama_cpp" in sys.modules}))
+        pair.close()
+    """)
+    root = Path(__file__).resolve().parents[3]
+    environment = dict(os.environ, TANDEM_LLAMACPP_PROCESS="1", TANDEM_THREADS="1", PYTHONPATH=str(root))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environment, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    import json
+
+    answer = json.loads(result.stdout.strip().splitlines()[-1])
+    assert answer["llama_cpp_here"] is False
+    assert answer["runtime"] == "llama.cpp (own process)"
+    assert len(answer["replies"]["ar"]) == 24
+    assert answer["replies"]["tree"] == answer["replies"]["ar"]
+
+
+def _worker_pids() -> list[int]:
+    import psutil
+
+    return [child.pid for child in psutil.Process().children() if "llamacpp_worker" in " ".join(child.cmdline())]
