@@ -183,7 +183,7 @@ def runtime_gguf(spec: ModelSpec, runtime: str) -> Path | None:
                 f"{spec.source} has no GGUF file for the llama.cpp runtime. "
                 f"Export one with: tandem export-gguf {spec.source}"
             )
-        if not llamacpp_process.wanted(spec.device):  # a worker says so itself, as it loads
+        if not llamacpp_process.wanted():  # a worker says so itself, as it loads
             llamacpp_library.library()  # a clear error now if the library is missing or too old
         return gguf
     return gguf if gguf is not None and llamacpp_library.available() else None
@@ -207,7 +207,7 @@ def _load_with_llamacpp(spec: ModelSpec, gguf: Path, report: ProgressCallback, a
     vocabulary = ReducedVocabulary.load(folder)
     announce = lambda message: report(message, None)  # noqa: E731
     use_gpu = spec.device != "cpu"  # offloads only where the build can
-    if llamacpp_process.wanted(spec.device):
+    if llamacpp_process.wanted():
         # This process never loads llama.cpp: the worker converts and loads the file.
         report("Loading weights (llama.cpp, in its own process)…", None)
         weights = llamacpp_process.load_weights(gguf, precision, use_gpu, announce)

@@ -25,7 +25,7 @@ import torch
 
 from engine.demo_model import demo_gguf_path
 from engine.round import time_verify
-from engine.runtime import llamacpp, llamacpp_library
+from engine.runtime import llamacpp, llamacpp_context, llamacpp_library
 
 CONTEXTS = (300, 1500, 3584)
 SIZES = (1, 2, 4, 8, 16)
@@ -44,7 +44,7 @@ def attention(flash: bool, f32_cache: bool):
         return made
 
     kernel = api.LLAMA_FLASH_ATTN_TYPE_AUTO if flash else api.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    with mock.patch.object(llamacpp, "attention_kernel", lambda _weights: kernel), \
+    with mock.patch.object(llamacpp_context, "attention_kernel", lambda _weights: kernel), \
             mock.patch.object(api, "llama_context_default_params", params):
         yield
 

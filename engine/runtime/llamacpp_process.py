@@ -10,11 +10,14 @@ the outputs out of a file both processes map (logits never go through the socket
 worker does everything else as the in-process runtime does, on the same code
 (`llamacpp_context`). docs/BENCHMARKS.md has the measured overhead.
 
-`wanted()` decides: a model that may run on a GPU while this process has CUDA torch runs in
-a worker; everything else runs here, as before. TANDEM_LLAMACPP_PROCESS=1 or 0 forces it.
+`wanted()` decides: where the installed llama.cpp has a CUDA or ROCm backend of its own and
+this process's torch has CUDA, every GGUF model runs in a worker (even one meant for the
+CPU: loading the library is enough to clash); everywhere else llama.cpp runs here, as
+before. TANDEM_LLAMACPP_PROCESS=1 or 0 forces it.
 """
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import mmap
 import os
@@ -40,18 +43,38 @@ PROCESS_VARIABLE = "TANDEM_LLAMACPP_PROCESS"
 _ENGINE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds the `engine` package
 
 
-def wanted(device: str) -> bool:
-    """Whether a GGUF model meant for `device` should run in a worker process: where llama.cpp
-    may offload it to a GPU (any device but "cpu") and this process's torch has CUDA. On a
-    CPU-only machine llama.cpp stays in this process, with no worker to start or feed."""
+def wanted() -> bool:
+    """Whether llama.cpp should run in worker processes rather than in this one: where its
+    GPU backend and CUDA torch would share this process (see the module's note). Never on
+    Windows, where a worker cannot inherit the socket and shared file this one uses."""
     chosen = os.environ.get(PROCESS_VARIABLE, "")
+    if sys.platform == "win32":
+        return False
     if chosen in ("0", "1"):
         return chosen == "1"
-    if device == "cpu":
+    if not gpu_build():
         return False
     import torch
 
     return torch.cuda.is_available()
+
+
+#: the backend libraries of a llama.cpp build that brings CUDA (or ROCm) libraries of its own
+GPU_BACKENDS = ("ggml-cuda", "ggml-hip", "ggml-musa")
+
+
+def gpu_build() -> bool:
+    """Whether the installed llama-cpp-python was built with a CUDA-like backend, told by its
+    library files without loading them (loading them next to CUDA torch is what must not
+    happen). pip's default build is CPU-only: ggml-base, ggml-cpu, ggml, llama."""
+    found = importlib.util.find_spec("llama_cpp")
+    if found is None or not found.submodule_search_locations:
+        return False
+    for folder in found.submodule_search_locations:
+        for library in Path(folder).glob("**/*ggml*"):
+            if any(backend in library.name for backend in GPU_BACKENDS):
+                return True
+    return False
 
 
 def load_weights(gguf: Path, precision: str, use_gpu: bool, announce: Callable[[str], None] | None = None) -> WorkerWeights:
@@ -95,20 +118,25 @@ class WorkerContext:
         self.feature_layers = tuple(feature_layers)
         self._worker = weights.worker
         self._id = next(self._ids)
+        self._closed = True  # until the worker has opened it
         _, self.hidden_width, self.threads = self._worker.exchange(
             ("open", self._id, context_length, threads, hidden_states, self.feature_layers)
         )
         self._feature_width = weights.hidden_size * len(self.feature_layers)
+        self._closed = False
 
     def run(self, new_ids: list[int], parents: list[int], positions: list[int], logits_wanted: int) -> DecodeOutputs:
         shapes = [(logits_wanted, self.vocab_size)]
         shapes += [(logits_wanted, self.hidden_width)] if self.hidden_width else []
         shapes += [(len(new_ids), self._feature_width)] if self.feature_layers else []
+        # Plain ints: a torch scalar would make the worker import torch to unpickle it.
+        request = ("run", self._id, [int(token) for token in new_ids], [int(parent) for parent in parents],
+                   [int(position) for position in positions], int(logits_wanted))
         worker = self._worker
         with worker.lock:  # the shared file holds one run's outputs at a time
+            worker.check_running()
             worker.buffer.fit(sum(rows * width for rows, width in shapes) * 4)
-            request = ("run", self._id, list(new_ids), list(parents), list(positions), logits_wanted, worker.buffer.size)
-            _, self.threads = worker.exchange(request)
+            _, self.threads = worker.exchange((*request, worker.buffer.size))
             arrays = worker.buffer.copies(shapes)
         hidden = arrays[1] if self.hidden_width else None
         features = arrays[-1] if self.feature_layers else None
@@ -122,8 +150,16 @@ class WorkerContext:
             self._worker.exchange(("clear", self._id))
 
     def close(self) -> None:
-        if self._worker.running:
-            self._worker.exchange(("close", self._id))
+        """Free the context's cache in the worker; again, or once the worker is gone, nothing."""
+        if not self._closed:
+            self._closed = True
+            self._worker.forget(self._id)
+
+    def __del__(self):
+        # Not an exchange from here: the collector may run mid-exchange on this very thread.
+        if not getattr(self, "_closed", True):
+            self._closed = True
+            self._worker.abandoned.append(self._id)
 
 
 class SharedBuffer:
@@ -131,10 +167,10 @@ class SharedBuffer:
     only grows (to the largest run so far), mapped here and in the worker."""
 
     def __init__(self):
-        if hasattr(os, "memfd_create"):  # Linux: memory, never a disk
+        self._file = None
+        try:  # Linux: memory, never a disk
             self.descriptor = os.memfd_create("tandem-llamacpp-outputs")
-            self._file = None
-        else:
+        except (AttributeError, OSError):
             self._file = tempfile.TemporaryFile()
             self.descriptor = self._file.fileno()
         self.size = 0
@@ -147,8 +183,9 @@ class SharedBuffer:
         size = max(needed, 2 * self.size)
         size += -size % mmap.PAGESIZE
         os.ftruncate(self.descriptor, size)
-        if self._map is not None:
-            self._map.close()
+        # The old map is dropped, not closed: closing it would fail while any view of it
+        # lives on (in a traceback, say); it goes when the last one does.
+        self._map = None
         self._map = mmap.mmap(self.descriptor, size)
         self.size = size
 
@@ -163,21 +200,26 @@ class SharedBuffer:
         return arrays
 
     def close(self) -> None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
+        self._map = None
         if self._file is not None:
             self._file.close()
-        else:
+        elif self.descriptor >= 0:
             os.close(self.descriptor)
+        self.descriptor = -1
 
 
 class LlamaCppWorker:
-    """One worker process and the means to talk to it; calls from any thread, one at a time."""
+    """One worker process and the means to talk to it; calls from any thread, one at a time.
+
+    Every request carries a number that its reply repeats: a call interrupted between the two
+    (Ctrl-C in a terminal chat) leaves a reply behind, which the next call skips."""
 
     def __init__(self, model_name: str):
         self._model_name = model_name
         self.lock = threading.RLock()
+        self.abandoned: list[int] = []  # contexts dropped without close(), freed by the next call
+        self._numbers = itertools.count(1)
+        self._connection: Connection | None = None
         self.buffer = SharedBuffer()
         ours, theirs = socket.socketpair()
         # What the worker writes to stderr is kept: its last line is the reason if it dies.
@@ -189,9 +231,10 @@ class LlamaCppWorker:
                 command, pass_fds=(theirs.fileno(), self.buffer.descriptor), stdin=subprocess.DEVNULL,
                 stdout=self._stderr, stderr=self._stderr, env=environment,
             )
-        except OSError as error:
+        except Exception as error:  # noqa: BLE001  (an OSError, or a platform without pass_fds)
             ours.close()
             self.buffer.close()
+            self._stderr.close()
             raise ModelLoadError(f"Could not start llama.cpp's process for {model_name}: {error}.") from error
         finally:
             theirs.close()
@@ -201,23 +244,44 @@ class LlamaCppWorker:
     def running(self) -> bool:
         return self._connection is not None and self._process.poll() is None
 
+    def check_running(self) -> None:
+        if self._connection is None:
+            raise ModelLoadError(f"llama.cpp's process for {self._model_name} was closed; load the model again.")
+
     def exchange(self, request: tuple, announce: Callable[[str], None] | None = None) -> tuple:
         """Send `request` and return the worker's reply; its errors are raised here."""
         with self.lock:
-            if self._connection is None:
-                raise ModelLoadError(f"llama.cpp's process for {self._model_name} was closed; load the model again.")
-            try:
-                self._connection.send(request)
-                reply = self._connection.recv()
-                while reply[0] == "announce":
-                    if announce is not None:
-                        announce(reply[1])
-                    reply = self._connection.recv()
-            except (EOFError, OSError) as error:
-                raise ModelLoadError(self._death_notice()) from error
+            self.check_running()
+            while self.abandoned:
+                self._send_and_receive(("close", self.abandoned.pop()), None)
+            reply = self._send_and_receive(request, announce)
         if reply[0] == "error":
             raise _worker_error(reply[1], reply[2])
         return reply
+
+    def forget(self, context_id: int) -> None:
+        """Close a context; nothing to do once the worker is gone."""
+        with self.lock:
+            if self.running:
+                try:
+                    self.exchange(("close", context_id))
+                except ModelLoadError:
+                    pass  # it died meanwhile: its contexts went with it
+
+    def _send_and_receive(self, request: tuple, announce: Callable[[str], None] | None) -> tuple:
+        number = next(self._numbers)
+        try:
+            self._connection.send((number, *request))
+            while True:
+                answered, *reply = self._connection.recv()
+                if answered != number:
+                    continue  # the reply to a call that was interrupted before it came
+                if reply[0] != "announce":
+                    return tuple(reply)
+                if announce is not None:
+                    announce(reply[1])
+        except (EOFError, OSError) as error:
+            raise ModelLoadError(self._death_notice()) from error
 
     def stop(self) -> None:
         """End the worker (closing the socket tells it to) and free what this side holds."""
@@ -253,7 +317,8 @@ def _worker_command(socket_descriptor: int, buffer_descriptor: int) -> list[str]
     descriptors = [str(socket_descriptor), str(buffer_descriptor)]
     if getattr(sys, "frozen", False):  # the bundle's executable is Tandem, not Python
         return [sys.executable, WORKER_ARGUMENT, *descriptors]
-    return [sys.executable, "-m", "engine.runtime.llamacpp_worker", *descriptors]
+    # -P: the current folder stays off the import path, so no `engine` there can stand in.
+    return [sys.executable, "-P", "-m", "engine.runtime.llamacpp_worker", *descriptors]
 
 
 def _worker_error(kind: str, message: str) -> Exception:

@@ -8,7 +8,8 @@ descriptors: a socket for requests and replies (small pickled tuples), and a sha
 that both sides map, where a run writes its logits, hidden states and features so that
 megabytes of floats never go through the socket.
 
-Requests, each answered once (errors as ("error", kind, message)):
+Requests, each answered once, both with the number the parent gave the request first (errors
+as ("error", kind, message)):
     ("load", path, precision, use_gpu)   -> ("announce", text)*, ("loaded", facts)
     ("open", id, length, threads, hidden_states, feature_layers) -> ("opened", width, threads)
     ("run", id, new_ids, parents, positions, logits_wanted, buffer_size) -> ("ran", threads)
@@ -18,6 +19,7 @@ A closed socket ends the worker.
 from __future__ import annotations
 
 import mmap
+import signal
 import sys
 from pathlib import Path
 from multiprocessing.connection import Connection
@@ -38,8 +40,7 @@ class SharedBuffer:
 
     def fit(self, size: int) -> None:
         if self._map is None or len(self._map) != size:
-            if self._map is not None:
-                self._map.close()
+            self._map = None  # dropped, not closed: a view that lives on would make close() fail
             self._map = mmap.mmap(self._descriptor, size)
         self._used = 0
 
@@ -57,44 +58,49 @@ def serve(connection: Connection, buffer: SharedBuffer) -> None:
     contexts: dict[int, LlamaCppContext] = {}
     while True:
         try:
-            request = connection.recv()
+            number, kind, *arguments = connection.recv()
         except (EOFError, OSError):  # the parent closed its end, or is gone
             break
-        kind, *arguments = request
+
+        def reply(*message, number=number) -> None:
+            connection.send((number, *message))
+
         try:
             if kind == "load":
                 path, precision, use_gpu = arguments
                 if precision in QUANTISED_FILE_TYPES:
-                    path = str(quantised_copy(Path(path), precision, announce=lambda text: connection.send(("announce", text))))
+                    path = str(quantised_copy(Path(path), precision, announce=lambda text: reply("announce", text)))
                 weights = load_weights(Path(path), use_gpu)
                 facts = {name: getattr(weights, name) for name in FACT_NAMES}
-                connection.send(("loaded", facts))
+                reply("loaded", facts)
             elif kind == "open":
                 context_id, length, threads, hidden_states, feature_layers = arguments
                 context = LlamaCppContext(weights, length, threads, hidden_states, tuple(feature_layers))
                 contexts[context_id] = context
-                connection.send(("opened", context.hidden_width, context.threads))
+                reply("opened", context.hidden_width, context.threads)
             elif kind == "run":
                 context_id, new_ids, parents, positions, logits_wanted, buffer_size = arguments
                 context = contexts[context_id]
                 buffer.fit(buffer_size)
                 outputs = context.run(new_ids, parents, positions, logits_wanted, allocate=buffer.allocate)
                 del outputs  # views of the shared map: none may outlive a remap
-                connection.send(("ran", context.threads))
-            elif kind in ("keep", "clear", "close"):
+                reply("ran", context.threads)
+            elif kind == "close":
+                context = contexts.pop(arguments[0], None)
+                if context is not None:
+                    context.close()
+                reply("done")
+            elif kind in ("keep", "clear"):
                 context = contexts[arguments[0]]
                 if kind == "keep":
                     context.keep(*arguments[1:])
-                elif kind == "clear":
-                    context.clear()
                 else:
-                    context.close()
-                    del contexts[arguments[0]]
-                connection.send(("done",))
+                    context.clear()
+                reply("done")
             else:
                 raise ValueError(f"unknown request {kind!r}")
         except Exception as error:  # the parent raises it again; the worker serves on
-            connection.send(("error", type(error).__name__, str(error)))
+            reply("error", type(error).__name__, str(error))
     for context in contexts.values():
         context.close()
     if weights is not None:
@@ -109,6 +115,9 @@ FACT_NAMES = (
 
 
 def main(arguments: list[str]) -> int:
+    # Ctrl-C in a terminal reaches the whole process group; it is the parent's to handle
+    # (a terminal chat keeps its reply and goes on), and the worker serves on.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     socket_descriptor, buffer_descriptor = (int(argument) for argument in arguments)
     serve(Connection(socket_descriptor), SharedBuffer(buffer_descriptor))
     return 0

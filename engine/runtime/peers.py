@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import torch
 
 from ..errors import ConfigError
+from . import llamacpp_process
 from .cpu import repacking_crashes
 from .reduced_vocabulary import full_vocabulary_view
 
@@ -83,6 +84,11 @@ class LlamaCppGeneration:
         self, gguf: Path, context_length: int, threads: int, gpu_layers: int, settings: DecodeSettings,
         flash_attention: bool = False,
     ):
+        if llamacpp_process.wanted():
+            raise ConfigError(
+                "llamacpp-ar cannot run here: this llama.cpp build brings GPU libraries of its own, which crash "
+                "beside CUDA torch in one process (Tandem's llama.cpp runtime runs in a worker process instead)"
+            )
         try:
             from llama_cpp import Llama
         except ImportError as error:

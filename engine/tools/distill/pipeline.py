@@ -34,7 +34,7 @@ from ..export_gguf import DRAFT_PRECISION, export_gguf
 from ...models import LoadedModel, load_model, load_tokenizer_only, resolve_source
 from ...models import runtime_gguf
 from ...runtime_choice import load_choice, placement
-from ...runtime import llamacpp_library
+from ...runtime import llamacpp_library, llamacpp_process
 from .data import GenerationSettings, TorchBatchWriter, generate_split, load_split, split_prompts
 from .llamacpp_batch import LlamaCppBatchWriter
 from .prompts import synthesize_prompts
@@ -359,7 +359,10 @@ class Distillation:
         CPU (3× batched torch there); batched torch elsewhere (a GPU's batch is nearly free)."""
         generation = self.settings.generation
         spec = ModelSpec(self.settings.target)
-        gguf = runtime_gguf(spec, "auto") if target.device.type == "cpu" else None
+        # Not where llama.cpp must keep out of this process (llamacpp_process.wanted): the
+        # batch writer drives llama.cpp here.
+        on_llamacpp = target.device.type == "cpu" and not llamacpp_process.wanted()
+        gguf = runtime_gguf(spec, "auto") if on_llamacpp else None
         if gguf is None:
             message(f"Writing replies with torch on {target.device.type}, {generation.batch_size} at a time.")
             return TorchBatchWriter(target, generation.batch_size)

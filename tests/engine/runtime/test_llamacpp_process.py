@@ -40,7 +40,8 @@ def both_weights(f32_path):
 def run_the_same_calls(runtime: LlamaCppRuntime, seed: int) -> list[torch.Tensor]:
     """Prompt, tree, kept path, crop, step: every call the algorithms make, with its outputs."""
     rng = random.Random(seed)
-    outputs = [runtime.forward([rng.randrange(200, 40000) for _ in range(30)], logits_wanted=3)]
+    # 12 rows of logits outgrow the shared file's first size (1 MiB): it grows midway.
+    outputs = [runtime.forward([rng.randrange(200, 40000) for _ in range(30)], logits_wanted=12)]
     start = len(runtime)
     parents = [start - 1, start, start - 1, start + 2, start + 1]
     outputs.append(runtime.forward_tree([rng.randrange(200, 40000) for _ in parents], parents, len(parents)))
@@ -102,6 +103,72 @@ def test_a_full_cache_is_an_error_and_the_worker_serves_on(both_weights):
         assert runtime.forward([300, 301, 302]).shape == (1, both_weights[1].vocab_size)
     finally:
         runtime.close()
+
+
+def test_ctrl_c_leaves_the_worker_serving_and_an_interrupted_call_costs_nothing_after(both_weights):
+    """Ctrl-C reaches the worker too (one process group): it is the parent's to handle. A
+    call it interrupts between request and reply leaves that reply behind, which the next
+    call must not take for its own."""
+    here = LlamaCppRuntime(both_weights[0], 256, threads=1)
+    there = LlamaCppRuntime(both_weights[1], 256, threads=1)
+    worker = both_weights[1].worker
+    try:
+        os.kill(worker._process.pid, signal.SIGINT)
+        connection = worker._connection
+        receive = connection.recv
+        interrupted = []
+
+        def interrupt_once():
+            if not interrupted:
+                interrupted.append(True)
+                raise KeyboardInterrupt
+            return receive()
+
+        connection.recv = interrupt_once
+        with pytest.raises(KeyboardInterrupt):
+            there.forward([300, 301, 302])
+        del connection.recv
+        assert worker.running
+        for runtime in (here, there):
+            runtime.forward([400, 401])
+        expected = here.forward_tree([7, 8], [1, 1], 2)
+        assert torch.equal(there.forward_tree([7, 8], [1, 1], 2), expected)
+    finally:
+        here.close()
+        there.close()
+        there.close()  # twice is no error
+
+
+def test_a_conversion_in_the_worker_is_announced(demo_target_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))  # an empty cache: the copy is made
+    heard = []
+    weights = llamacpp_process.load_weights(demo_target_path, "fp16", use_gpu=False, announce=heard.append)
+    try:
+        assert weights.file_type == "F16" and weights.path.is_relative_to(tmp_path)
+        assert len(heard) == 1 and "F16" in heard[0]
+    finally:
+        weights.close()
+
+
+def test_workers_are_wanted_where_a_gpu_build_of_llamacpp_meets_cuda_torch(tmp_path, monkeypatch):
+    monkeypatch.delenv(llamacpp_process.PROCESS_VARIABLE, raising=False)
+    package = tmp_path / "llama_cpp"
+    (package / "lib").mkdir(parents=True)
+    for name in ("libllama.so", "libggml-base.so", "libggml-cpu.so"):
+        (package / "lib" / name).touch()
+    found = type("Spec", (), {"submodule_search_locations": [str(package)]})()
+    monkeypatch.setattr(llamacpp_process.importlib.util, "find_spec", lambda name: found)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not llamacpp_process.gpu_build() and not llamacpp_process.wanted()  # pip's CPU build
+    (package / "lib" / "libggml-cuda.so").touch()
+    assert llamacpp_process.gpu_build() and llamacpp_process.wanted()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not llamacpp_process.wanted()  # no CUDA torch to clash with
+    monkeypatch.setenv(llamacpp_process.PROCESS_VARIABLE, "1")
+    assert llamacpp_process.wanted()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv(llamacpp_process.PROCESS_VARIABLE, "0")
+    assert not llamacpp_process.wanted()
 
 
 def test_a_worker_that_dies_is_a_clear_error_not_a_hang(f32_path):
