@@ -8,6 +8,7 @@ torch); the runtime is the same either way.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -16,11 +17,13 @@ from ..errors import ModelLoadError
 from .base import ModelRuntime
 from .llamacpp_context import (  # noqa: F401  (load_weights: the name the engine loads GGUF files by)
     DecodeOutputs,
-    GgufFacts,
     LlamaCppWeights,
     attention_kernel,
     load_weights,
 )
+
+if TYPE_CHECKING:
+    from .llamacpp_process import WorkerWeights
 
 
 def token_embeddings(path: Path) -> torch.Tensor:
@@ -41,7 +44,7 @@ class LlamaCppRuntime(ModelRuntime):
     name = "llama.cpp"
 
     def __init__(
-        self, weights: GgufFacts, context_length: int, threads: int | None = None,
+        self, weights: LlamaCppWeights | WorkerWeights, context_length: int, threads: int | None = None,
         hidden_states: bool = False, feature_layers: tuple[int, ...] = (),
     ):
         """`weights` loaded here (`load_weights`) or in a worker process (`llamacpp_process`):

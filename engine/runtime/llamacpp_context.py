@@ -34,7 +34,8 @@ BATCH_TOKENS = 512  # tokens per llama_decode call; a longer prompt is fed in pi
 @dataclass
 class GgufFacts:
     """What the rest of the engine needs to know about a GGUF model llama.cpp has loaded,
-    here or in a worker process (`llamacpp_process`)."""
+    here (`LlamaCppWeights`) or in a worker process (`llamacpp_process.WorkerWeights`). Both
+    kinds open contexts (`open_context`) with the methods `LlamaCppContext` has, and close."""
 
     path: Path
     vocab_size: int
@@ -45,16 +46,6 @@ class GgufFacts:
     file_type: str  # e.g. "Q4_1", as llama.cpp describes the weights
     hidden_size: int = 0
     layer_count: int = 0
-
-    def open_context(
-        self, context_length: int, threads: int | None = None, hidden_states: bool = False, feature_layers: tuple[int, ...] = (),
-    ):
-        """A context over these weights with `run`, `keep`, `clear` and `close` as
-        `LlamaCppContext` has them, wherever the weights are loaded."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Free the weights (and whatever holds them)."""
 
 
 @dataclass
