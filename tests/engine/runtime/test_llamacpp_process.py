@@ -14,22 +14,32 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("llama_cpp")
-
 from engine.errors import ModelLoadError, OutOfMemoryError
 from engine.runtime import llamacpp_library, llamacpp_process
+
+# Found, not imported: importing llama_cpp loads its libraries, which a GPU build must not
+# do beside CUDA torch.
+pytestmark = pytest.mark.skipif(not llamacpp_library.available(), reason="needs llama-cpp-python")
 from engine.runtime.llamacpp import LlamaCppRuntime, load_weights
 
 LAYERS = (1, 14, 27)
+# Where llama.cpp has GPU libraries of its own and torch has CUDA, llama.cpp must not load in
+# this process (the reason for workers): the comparisons with an in-process runtime skip there.
+IN_PROCESS_IS_SAFE = not (llamacpp_process.gpu_build() and torch.cuda.is_available())
 
 
 @pytest.fixture(scope="module")
 def f32_path(demo_target_path) -> Path:
-    return llamacpp_library.quantised_copy(demo_target_path, "fp32")
+    """The demo target as F32, converted by a worker (so also where this process must not)."""
+    weights = llamacpp_process.load_weights(demo_target_path, "fp32", use_gpu=False)
+    weights.close()
+    return weights.path
 
 
 @pytest.fixture(scope="module")
 def both_weights(f32_path):
+    if not IN_PROCESS_IS_SAFE:
+        pytest.skip("llama.cpp's GPU build cannot load beside CUDA torch")
     here = load_weights(f32_path, use_gpu=False)
     worker = llamacpp_process.load_weights(f32_path, "stored", use_gpu=False)
     yield here, worker
@@ -169,6 +179,29 @@ def test_workers_are_wanted_where_a_gpu_build_of_llamacpp_meets_cuda_torch(tmp_p
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv(llamacpp_process.PROCESS_VARIABLE, "0")
     assert not llamacpp_process.wanted()
+
+
+@pytest.mark.skipif(
+    not (llamacpp_process.gpu_build() and torch.cuda.is_available()), reason="needs llama.cpp built for a GPU, and CUDA torch"
+)
+def test_a_worker_runs_llamacpp_on_the_gpu_beside_cuda_torch(f32_path):
+    """What workers are for: this process holds CUDA torch, the worker offloads every layer.
+    Its logits are the CPU worker's within what GPU and CPU kernels differ by (0.25 is a
+    first bound, to be tightened once measured) and pick the same tokens."""
+    torch.zeros(1, device="cuda")  # CUDA torch in this process, initialised
+    on_gpu = llamacpp_process.load_weights(f32_path, "stored", use_gpu=True)
+    on_cpu = llamacpp_process.load_weights(f32_path, "stored", use_gpu=False)
+    gpu, cpu = LlamaCppRuntime(on_gpu, 256), LlamaCppRuntime(on_cpu, 256, threads=2)
+    try:
+        assert on_gpu.gpu_layers != 0 and on_cpu.gpu_layers == 0
+        for expected, got in zip(run_the_same_calls(cpu, seed=5), run_the_same_calls(gpu, seed=5), strict=True):
+            torch.testing.assert_close(got, expected, atol=0.25, rtol=0)
+            assert torch.equal(got.argmax(-1), expected.argmax(-1))
+    finally:
+        gpu.close()
+        cpu.close()
+        on_gpu.close()
+        on_cpu.close()
 
 
 def test_a_worker_that_dies_is_a_clear_error_not_a_hang(f32_path):
