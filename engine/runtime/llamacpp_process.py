@@ -162,6 +162,26 @@ class WorkerContext:
             self._worker.abandoned.append(self._id)
 
 
+class WorkerGeneration:
+    """llama-cpp-python's own generation (`llamacpp_generation.PlainGeneration`, the same
+    arguments) in a worker process of its own."""
+
+    def __init__(self, gguf: str, *arguments):
+        self._worker = LlamaCppWorker(Path(gguf).name)
+        try:
+            self._worker.exchange(("generation", gguf, *arguments))
+        except BaseException:
+            self._worker.stop()
+            raise
+
+    def generate(self, prompt: str, max_new_tokens: int) -> tuple[int, ...]:
+        return tuple(self._worker.exchange(("generate", prompt, max_new_tokens))[1])
+
+    def __del__(self):
+        if hasattr(self, "_worker"):
+            self._worker.stop()
+
+
 class SharedBuffer:
     """The parent's side of the file the worker writes outputs into: an anonymous file that
     only grows (to the largest run so far), mapped here and in the worker."""
@@ -328,6 +348,6 @@ def _worker_error(kind: str, message: str) -> Exception:
     if kind == "ValueError":
         return ValueError(message)
     known = getattr(errors, kind, None)
-    if isinstance(known, type) and issubclass(known, errors.TandemError):
+    if isinstance(known, type) and issubclass(known, (errors.TandemError, errors.ConfigError)):
         return known(message)
     return ModelLoadError(f"llama.cpp's process failed ({kind}): {message}")

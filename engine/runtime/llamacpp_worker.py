@@ -1,5 +1,5 @@
 """The llama.cpp worker: a process that loads one GGUF model and runs its contexts for
-`llamacpp_process` in the parent. It never imports torch (nor anything that does), which is
+`llamacpp_process` in the parent (or runs llama-cpp-python's own generation of one). It never imports torch (nor anything that does), which is
 the point: llama.cpp's CUDA libraries and torch's own never meet in one process.
 
 Started as `python -m engine.runtime.llamacpp_worker SOCKET BUFFER` (or, in the frozen
@@ -14,6 +14,8 @@ as ("error", kind, message)):
     ("open", id, length, threads, hidden_states, feature_layers) -> ("opened", width, threads)
     ("run", id, new_ids, parents, positions, logits_wanted, buffer_size) -> ("ran", threads)
     ("keep", id, prefix, extra_slots) / ("clear", id) / ("close", id) -> ("done",)
+    ("generation", gguf, length, threads, gpu_layers, sampling, seed, flash) -> ("ready",)
+    ("generate", prompt, max_new_tokens) -> ("generated", token_ids)   (the llamacpp-ar peer)
 A closed socket ends the worker.
 """
 from __future__ import annotations
@@ -52,9 +54,10 @@ class SharedBuffer:
 
 def serve(connection: Connection, buffer: SharedBuffer) -> None:
     from .llamacpp_context import LlamaCppContext, load_weights
+    from .llamacpp_generation import PlainGeneration
     from .llamacpp_library import QUANTISED_FILE_TYPES, quantised_copy
 
-    weights = None
+    weights = generation = None
     contexts: dict[int, LlamaCppContext] = {}
     while True:
         try:
@@ -85,6 +88,11 @@ def serve(connection: Connection, buffer: SharedBuffer) -> None:
                 outputs = context.run(new_ids, parents, positions, logits_wanted, allocate=buffer.allocate)
                 del outputs  # views of the shared map: none may outlive a remap
                 reply("ran", context.threads)
+            elif kind == "generation":  # llama-cpp-python's own generation (the llamacpp-ar peer)
+                generation = PlainGeneration(*arguments)
+                reply("ready")
+            elif kind == "generate":
+                reply("generated", generation.generate(*arguments))
             elif kind == "close":
                 context = contexts.pop(arguments[0], None)
                 if context is not None:

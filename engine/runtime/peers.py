@@ -4,8 +4,6 @@ run model objects and libraries directly, so they live with the runtimes.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -13,7 +11,7 @@ import torch
 
 from ..errors import ConfigError
 from . import llamacpp_process
-from .cpu import repacking_crashes
+from .llamacpp_generation import PlainGeneration
 from .reduced_vocabulary import full_vocabulary_view
 
 
@@ -78,63 +76,22 @@ class AssistedGeneration:
 
 class LlamaCppGeneration:
     """llama-cpp-python's plain generation (`Llama.create_chat_completion`) of the target's
-    GGUF file, with the same prompts and token budget; greedy, or sampled alike."""
+    GGUF file, with the same prompts and token budget; greedy, or sampled alike. It runs in
+    a llama.cpp worker process where Tandem's own llama.cpp runtime does (llamacpp_process:
+    a GPU build beside CUDA torch); the reply's one round trip (~0.1 ms) is in its time."""
 
     def __init__(
         self, gguf: Path, context_length: int, threads: int, gpu_layers: int, settings: DecodeSettings,
         flash_attention: bool = False,
     ):
-        if llamacpp_process.wanted():
-            raise ConfigError(
-                "llamacpp-ar cannot run here: this llama.cpp build brings GPU libraries of its own, which crash "
-                "beside CUDA torch in one process (Tandem's llama.cpp runtime runs in a worker process instead)"
-            )
-        try:
-            from llama_cpp import Llama
-        except ImportError as error:
-            raise ConfigError(
-                "llamacpp-ar needs llama-cpp-python: pip install llama-cpp-python (it compiles, ~5 minutes)"
-            ) from error
-        self.settings = settings
-        with _plain_buffers_where_repacking_crashes():
-            self.llm = Llama(
-                model_path=str(gguf), n_ctx=context_length, n_threads=threads,
-                n_gpu_layers=gpu_layers,  # on the GPU exactly when Tandem's target is
-                flash_attn=flash_attention,  # llama-cpp-python's default is off
-                seed=settings.seed or 0, verbose=False,
-            )
-
-    def __call__(self, prompt: str, prompt_ids: list[int], max_new_tokens: int) -> tuple[int, ...]:
-        settings = self.settings
         sampling = {"temperature": 0.0, "top_k": 1} if settings.greedy else {
             "temperature": settings.temperature, "top_p": settings.top_p, "top_k": settings.top_k,
         }
-        self.llm.reset()  # no reuse of another run's prefill
-        reply = self.llm.create_chat_completion(
-            messages=[{"role": "user", "content": prompt}], max_tokens=max_new_tokens, **sampling
-        )
-        text = reply["choices"][0]["message"]["content"] or ""
-        return tuple(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+        arguments = (str(gguf), context_length, threads, gpu_layers, sampling, settings.seed or 0, flash_attention)
+        if llamacpp_process.wanted():
+            self._generation = llamacpp_process.WorkerGeneration(*arguments)
+        else:
+            self._generation = PlainGeneration(*arguments)
 
-
-@contextmanager
-def _plain_buffers_where_repacking_crashes() -> Iterator[None]:
-    """`Llama` builds its own model parameters; where repacking crashes (cpu.py), make the
-    defaults it starts from use the plain CPU buffers while it loads."""
-    import llama_cpp.llama as llama_module
-
-    if not repacking_crashes():
-        yield
-        return
-    default_params = llama_module.llama_cpp.llama_model_default_params
-
-    def plain_buffers():
-        params = default_params()
-        params.use_extra_bufts = False
-        return params
-
-    llama_module.llama_cpp.llama_model_default_params = plain_buffers
-    try:
-        yield
-    finally:
-        llama_module.llama_cpp.llama_model_default_params = default_params
+    def __call__(self, prompt: str, prompt_ids: list[int], max_new_tokens: int) -> tuple[int, ...]:
+        return self._generation.generate(prompt, max_new_tokens)

@@ -23,7 +23,7 @@ from .. import methods
 from ..config import DEMO_TARGET, ConfigError, DecodeSettings
 from ..events import Finished
 from .quality import rouge_l_f1, target_nll
-from ..runtime import int8_kernel, llamacpp_library, llamacpp_process
+from ..runtime import int8_kernel, llamacpp_library
 from ..runtime.cpu import cpu_flags, cpu_name
 from ..runtime.device import device_name
 from ..runtime.peers import AssistedGeneration, LlamaCppGeneration
@@ -145,9 +145,7 @@ def available_methods(pair: LoadedPair) -> list[str]:
     peers = []
     if AssistedGeneration.can_run(pair.target, pair.draft):
         peers.append("hf-assisted")
-    # Where Tandem's llama.cpp runs in worker processes, llama-cpp-python's own generation
-    # would load llama.cpp's GPU libraries beside CUDA torch here, which crashes.
-    if llamacpp_library.available() and not llamacpp_process.wanted():
+    if llamacpp_library.available():
         peers.append("llamacpp-ar")
         given, runs = _target_gguf(pair), pair.target.gguf_file
         if runs is not None and (given is None or runs.resolve() != given.resolve()):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.config import DecodeSettings
 from engine.errors import ModelLoadError, OutOfMemoryError
 from engine.runtime import llamacpp_library, llamacpp_process
 
@@ -21,6 +22,7 @@ from engine.runtime import llamacpp_library, llamacpp_process
 # do beside CUDA torch.
 pytestmark = pytest.mark.skipif(not llamacpp_library.available(), reason="needs llama-cpp-python")
 from engine.runtime.llamacpp import LlamaCppRuntime, load_weights
+from engine.runtime.peers import LlamaCppGeneration
 
 LAYERS = (1, 14, 27)
 # Where llama.cpp has GPU libraries of its own and torch has CUDA, llama.cpp must not load in
@@ -202,6 +204,22 @@ def test_a_worker_runs_llamacpp_on_the_gpu_beside_cuda_torch(f32_path):
         cpu.close()
         on_gpu.close()
         on_cpu.close()
+
+
+def test_llamacpp_pythons_own_generation_runs_in_a_worker_alike(demo_target_path, monkeypatch):
+    """The bench's llamacpp-ar peer, where Tandem's llama.cpp runs in workers: the same reply."""
+    if not IN_PROCESS_IS_SAFE:
+        pytest.skip("llama.cpp's GPU build cannot load beside CUDA torch")
+    settings = DecodeSettings(max_new_tokens=16)  # greedy
+    monkeypatch.setenv(llamacpp_process.PROCESS_VARIABLE, "0")
+    here = LlamaCppGeneration(demo_target_path, 512, 1, 0, settings)
+    monkeypatch.setenv(llamacpp_process.PROCESS_VARIABLE, "1")
+    there = LlamaCppGeneration(demo_target_path, 512, 1, 0, settings)
+    assert isinstance(there._generation, llamacpp_process.WorkerGeneration)
+    reply = there("Name three rivers.", [], 16)
+    assert len(reply) > 3 and reply == here("Name three rivers.", [], 16)
+    with pytest.raises(ValueError, match="missing.gguf"):  # what Llama raises here too
+        LlamaCppGeneration(demo_target_path.with_name("missing.gguf"), 512, 1, 0, settings)
 
 
 def test_a_worker_that_dies_is_a_clear_error_not_a_hang(f32_path):
