@@ -190,7 +190,7 @@ class SoakReport:
         return all(check.passed for check in self.checks())
 
     def to_dict(self) -> dict:
-        from engine.runtime.cpu import cpu_name  # here: engine.runtime imports torch (seconds)
+        from engine.runtime.cpu import cpu_name
 
         after_warmup = self.replies[self.plan.warmup - 1].os_threads if len(self.replies) >= self.plan.warmup else None
         return {

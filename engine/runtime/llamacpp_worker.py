@@ -1,8 +1,9 @@
 """The llama.cpp worker: a process that loads one GGUF model and runs its contexts for
-`llamacpp_process` in the parent (or runs llama-cpp-python's own generation of one). It never imports torch (nor anything that does), which is
-the point: llama.cpp's CUDA libraries and torch's own never meet in one process.
+`llamacpp_process` in the parent (or runs llama-cpp-python's own generation of one). It
+never imports torch (nor anything that does), which is the point: llama.cpp's CUDA
+libraries and torch's own never meet in one process.
 
-Started as `python -m engine.runtime.llamacpp_worker SOCKET BUFFER` (or, in the frozen
+Started as `python -P -m engine.runtime.llamacpp_worker SOCKET BUFFER` (or, in the frozen
 bundle, as the executable with `WORKER_ARGUMENT` first), with two inherited file
 descriptors: a socket for requests and replies (small pickled tuples), and a shared file
 that both sides map, where a run writes its logits, hidden states and features so that
