@@ -319,23 +319,16 @@ static void attend_range(const Attention *a, int64_t g, const float *keys, const
         }
     }
     /* and the weights' sums: for every query, so that a range whose seen scores are all NaN or
-     * -inf (a broken model) leaves a NaN for merge_ranges, as torch's softmax would */
+     * -inf (a broken model) leaves a NaN for merge_ranges, as torch's softmax would. One row
+     * after another, as the values are summed: a sum in 16 lanes by slot depended on where a
+     * key sat, and a tree node that keep_slots moved (slot 47 to 45, say) then gave the next
+     * step other logits than a chain of steps would (a greedy reply of the demo pair left
+     * plain decoding's on a 0.002 near-tie, docs/BENCHMARKS.md). */
     for (int64_t q = 0; q < queries; q++) {
         const uint8_t *seen = a->visible + (q / groups) * a->visible_stride;
         const float *weights = scores + q * count - begin;
         float sum = 0.0f; /* in a register: total[q] may alias what the loop reads */
-        int64_t s = begin;
-#ifdef __AVX512F__
-        /* 16 rows at a time, then the lanes' sum: the same order in a step and in a verify */
-        __m512 sums = _mm512_setzero_ps();
-        for (; s < end; s += 16) {
-            __mmask16 rows = end - s < 16 ? (__mmask16)((1u << (end - s)) - 1) : (__mmask16)0xFFFF;
-            __mmask16 lanes = _mm_mask_cmpneq_epi8_mask(rows, _mm_maskz_loadu_epi8(rows, seen + s), _mm_setzero_si128());
-            sums = _mm512_add_ps(sums, _mm512_maskz_loadu_ps(lanes, weights + s));
-        }
-        sum = _mm512_reduce_add_ps(sums);
-#endif
-        for (; s < end; s++)
+        for (int64_t s = begin; s < end; s++)
             if (seen[s]) sum += weights[s];
         total[q] = sum;
     }
