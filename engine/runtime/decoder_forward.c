@@ -65,7 +65,14 @@ typedef struct {
     const TandemLayer *layer;
 } TandemDecoder;
 
-#define RANGE_ROWS 128 /* cache rows per attention task */
+/* Attention runs in ranges of RANGE_ROWS key rows, merged with rescaling (merge_ranges). A
+ * token's range r holds the key rows it sees numbered r * RANGE_ROWS on, counted in cache-row
+ * order: for a token at position p that sees its whole history, the rows of positions r * 128
+ * to r * 128 + 127, wherever they sit. A step, a verified chain and a tree node at that position
+ * then sum the same keys in the same ranges in the same order, and get the same bits. (Ranges
+ * by cache row had put a tree node whose row lay past a border and position before it in
+ * another range than its step would: a greedy reply could leave plain decoding's.) */
+#define RANGE_ROWS 128
 
 enum { TANDEM_OK = 0, TANDEM_NO_MEMORY = -1, TANDEM_BAD_INPUT = -2 };
 
@@ -105,6 +112,9 @@ typedef struct {
     int64_t n, groups, q_width, qkv_width, visible_stride, first_row;
     const float *qkv;       /* (n, qkv_width): the rotated queries first */
     const uint8_t *visible; /* (n, visible_stride) */
+    /* (n, bound_stride): token i's range r is cache rows bounds[i][r] .. bounds[i][r + 1] - 1 */
+    const int64_t *bounds;
+    int64_t bound_stride;
 } Attention;
 
 #ifdef __AVX512F__
@@ -216,12 +226,15 @@ static inline __attribute__((always_inline)) void weigh_values(const float *valu
 }
 #endif
 
-/* The batch's tokens against cache rows begin..end-1 of key/value head g: each (token, group
- * head)'s scores, their exponentials (less the largest), the largest, their sum and the
- * weighted values, for merge_ranges. */
-static void attend_range(const Attention *a, int64_t g, const float *keys, const float *values, int64_t begin,
-                         int64_t end, float *scores, float *largest, float *total, float *acc, float *padded) {
+/* The batch's tokens against their range r of key/value head g, which all lie in cache rows
+ * begin..end-1: each (token, group head)'s scores, their exponentials (less the largest), the
+ * largest, their sum and the weighted values, for merge_ranges. A row outside a token's own
+ * range counts as one it does not see. */
+static void attend_range(const Attention *a, int64_t g, int64_t r, const float *keys, const float *values,
+                         int64_t begin, int64_t end, float *scores, float *largest, float *total, float *acc,
+                         float *padded) {
     int64_t dim = a->d->head_dim, groups = a->groups, count = end - begin, queries = a->n * groups;
+#define RANGE_OF(i) int64_t lo = a->bounds[(i) * a->bound_stride + r], hi = a->bounds[(i) * a->bound_stride + r + 1]
     for (int64_t q = 0; q < queries; q++) largest[q] = -INFINITY, total[q] = 0.0f;
     for (int64_t j = 0; j < queries * dim; j++) acc[j] = 0.0f;
     /* 1. Scores: each key row read once for every token and query head of the group. */
@@ -240,9 +253,13 @@ static void attend_range(const Attention *a, int64_t g, const float *keys, const
                 block = padded;
             }
             for (int64_t i = 0; i < a->n; i++) {
+                RANGE_OF(i);
                 const uint8_t *seen = a->visible + i * a->visible_stride + s;
+                int64_t first = lo > s ? lo - s : 0, last = hi - s < 16 ? hi - s : 16; /* its range's lanes */
+                uint32_t mine = last > first ? ((1u << last) - 1) & ~((1u << first) - 1) : 0;
                 __mmask16 rows = end - s < 16 ? (__mmask16)((1u << (end - s)) - 1) : (__mmask16)0xFFFF;
-                __mmask16 lanes = _mm_mask_cmpneq_epi8_mask(rows, _mm_maskz_loadu_epi8(rows, seen), _mm_setzero_si128());
+                __mmask16 lanes = _mm_mask_cmpneq_epi8_mask(rows & (__mmask16)mine, _mm_maskz_loadu_epi8(rows, seen),
+                                                            _mm_setzero_si128());
                 for (int64_t h = 0; h < groups; h++) {
                     int64_t q = i * groups + h;
                     const float *query = a->qkv + i * a->qkv_width + (g * groups + h) * dim;
@@ -258,7 +275,8 @@ static void attend_range(const Attention *a, int64_t g, const float *keys, const
     for (; s < end; s++) {
         const float *key = keys + (a->first_row + s) * dim;
         for (int64_t i = 0; i < a->n; i++) {
-            int seen = a->visible[i * a->visible_stride + s];
+            RANGE_OF(i);
+            int seen = a->visible[i * a->visible_stride + s] && s >= lo && s < hi;
             for (int64_t h = 0; h < groups; h++) {
                 int64_t q = i * groups + h;
                 float score = -INFINITY;
@@ -286,6 +304,7 @@ static void attend_range(const Attention *a, int64_t g, const float *keys, const
 #ifdef __AVX512F__
     for (; j0 + 64 <= dim; j0 += 64)
         for (int64_t i = 0; i < a->n; i++) {
+            RANGE_OF(i);
             const uint8_t *seen = a->visible + i * a->visible_stride;
             for (int64_t h0 = 0; h0 < groups; h0 += 4) {
                 int heads = groups - h0 < 4 ? (int)(groups - h0) : 4;
@@ -298,10 +317,10 @@ static void attend_range(const Attention *a, int64_t g, const float *keys, const
                 }
                 const float *columns = values + a->first_row * dim + j0;
                 switch (heads) { /* a constant count for each: the sums stay in registers */
-                case 4: weigh_values(columns, dim, seen, weights, 4, begin, end, out); break;
-                case 3: weigh_values(columns, dim, seen, weights, 3, begin, end, out); break;
-                case 2: weigh_values(columns, dim, seen, weights, 2, begin, end, out); break;
-                default: weigh_values(columns, dim, seen, weights, 1, begin, end, out); break;
+                case 4: weigh_values(columns, dim, seen, weights, 4, lo, hi, out); break;
+                case 3: weigh_values(columns, dim, seen, weights, 3, lo, hi, out); break;
+                case 2: weigh_values(columns, dim, seen, weights, 2, lo, hi, out); break;
+                default: weigh_values(columns, dim, seen, weights, 1, lo, hi, out); break;
                 }
             }
         }
@@ -309,7 +328,8 @@ static void attend_range(const Attention *a, int64_t g, const float *keys, const
     for (int64_t s = begin; s < end && j0 < dim; s++) { /* the columns past the last 64 */
         const float *value = values + (a->first_row + s) * dim;
         for (int64_t i = 0; i < a->n; i++) {
-            if (!a->visible[i * a->visible_stride + s]) continue;
+            RANGE_OF(i);
+            if (!a->visible[i * a->visible_stride + s] || s < lo || s >= hi) continue;
             for (int64_t h = 0; h < groups; h++) {
                 float *out = acc + (i * groups + h) * dim;
                 float weight = scores[(i * groups + h) * count + s - begin];
@@ -325,13 +345,15 @@ static void attend_range(const Attention *a, int64_t g, const float *keys, const
      * step other logits than a chain of steps would (a greedy reply of the demo pair left
      * plain decoding's on a 0.002 near-tie, docs/BENCHMARKS.md). */
     for (int64_t q = 0; q < queries; q++) {
+        RANGE_OF(q / groups);
         const uint8_t *seen = a->visible + (q / groups) * a->visible_stride;
         const float *weights = scores + q * count - begin;
         float sum = 0.0f; /* in a register: total[q] may alias what the loop reads */
-        for (int64_t s = begin; s < end; s++)
+        for (int64_t s = lo; s < hi; s++)
             if (seen[s]) sum += weights[s];
         total[q] = sum;
     }
+#undef RANGE_OF
 }
 
 /* The ranges' partial sums of query q of key/value head g (q: token q / groups, head
@@ -363,30 +385,79 @@ typedef struct {
     float *normed;  /* (n, input_width) the attention's (or the MLP's) normed input */
     float *wide;    /* qkv, then gate_up */
     float *mixed, *update;
-    /* Attention runs as kv_heads x ranges tasks, RANGE_ROWS cache rows each, the ranges at
-     * fixed slots: which rows a range holds never depends on the batch, so a token's sums run
-     * in the same order in a verify as in a step. */
-    int64_t ranges;
+    /* Attention runs as kv_heads x ranges tasks over all the tokens (see RANGE_ROWS). Token i's
+     * range r: cache rows bounds[i * (ranges + 1) + r] on, up to its range r + 1. Task r reads
+     * the range_rows[r] rows from range_first[r], where all the tokens' ranges r lie, and keeps
+     * its scores at scores_at[r] (times the tokens' heads) in its key/value head's share. The
+     * same for every layer: they follow from `visible` alone. */
+    int64_t ranges, *bounds, *range_first, *range_rows, *scores_at, scores_per_head;
     float *scores, *padded, *largest, *totals, *partial;
 } Work;
 
 static void work_free(Work *w) {
     free(w->state), free(w->normed), free(w->wide), free(w->mixed), free(w->update);
+    free(w->bounds), free(w->range_first), free(w->range_rows), free(w->scores_at);
     free(w->scores), free(w->padded), free(w->largest), free(w->totals), free(w->partial);
 }
 
-static int work_alloc(Work *w, const TandemDecoder *d, int64_t n, int64_t slots, int64_t input_width, int threads) {
+/* w's ranges for n tokens that see cache rows `visible` (n, visible_stride) of `slots`. */
+static int plan_ranges(Work *w, int64_t n, const uint8_t *visible, int64_t visible_stride, int64_t slots) {
+    int64_t most_seen = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t seen = 0;
+        for (int64_t s = 0; s < slots; s++) seen += visible[i * visible_stride + s] != 0;
+        if (seen > most_seen) most_seen = seen;
+    }
+    int64_t ranges = most_seen > 0 ? (most_seen + RANGE_ROWS - 1) / RANGE_ROWS : 1, stride = ranges + 1;
+    w->ranges = ranges;
+    w->bounds = malloc(sizeof(int64_t) * n * stride);
+    w->range_first = malloc(sizeof(int64_t) * ranges);
+    w->range_rows = malloc(sizeof(int64_t) * ranges);
+    w->scores_at = malloc(sizeof(int64_t) * ranges);
+    if (!w->bounds || !w->range_first || !w->range_rows || !w->scores_at) return TANDEM_NO_MEMORY;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t *bounds = w->bounds + i * stride, seen = 0, r = 0;
+        for (int64_t s = 0; s < slots; s++)
+            if (visible[i * visible_stride + s]) {
+                if (seen % RANGE_ROWS == 0) bounds[r++] = s;
+                seen++;
+            }
+        while (r < stride) bounds[r++] = slots; /* ranges it sees nothing of: empty, at the end */
+    }
+    w->scores_per_head = 0;
+    for (int64_t r = 0; r < ranges; r++) {
+        int64_t first = slots, last = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t *bounds = w->bounds + i * stride;
+            if (bounds[r] == bounds[r + 1]) continue;
+            if (bounds[r] < first) first = bounds[r];
+            if (bounds[r + 1] > last) last = bounds[r + 1];
+        }
+        w->range_first[r] = first < last ? first : 0;
+        w->range_rows[r] = first < last ? last - first : 0;
+        w->scores_at[r] = w->scores_per_head;
+        w->scores_per_head += w->range_rows[r];
+    }
+    return TANDEM_OK;
+}
+
+static int work_alloc(Work *w, const TandemDecoder *d, int64_t n, const uint8_t *visible, int64_t visible_stride,
+                      int64_t slots, int64_t input_width, int threads) {
     int64_t dim = d->head_dim, groups = d->heads / d->kv_heads, q_width = d->heads * dim;
     int64_t qkv_width = q_width + 2 * d->kv_heads * dim;
     int64_t widest = qkv_width > 2 * d->intermediate ? qkv_width : 2 * d->intermediate;
-    w->ranges = (slots + RANGE_ROWS - 1) / RANGE_ROWS;
+    memset(w, 0, sizeof(*w));
+    if (plan_ranges(w, n, visible, visible_stride, slots)) {
+        work_free(w);
+        return TANDEM_NO_MEMORY;
+    }
     int64_t tasks = d->kv_heads * w->ranges;
     w->state = malloc(sizeof(float) * n * d->hidden);
     w->normed = malloc(sizeof(float) * n * (input_width > d->hidden ? input_width : d->hidden));
     w->wide = malloc(sizeof(float) * n * widest);
     w->mixed = malloc(sizeof(float) * n * (q_width > d->intermediate ? q_width : d->intermediate));
     w->update = malloc(sizeof(float) * n * d->hidden);
-    w->scores = malloc(sizeof(float) * tasks * n * groups * RANGE_ROWS);
+    w->scores = malloc(sizeof(float) * (d->kv_heads * n * groups * w->scores_per_head + 1));
     w->padded = malloc(sizeof(float) * threads * 16 * dim); /* a block of 16 key rows per thread */
     w->largest = malloc(sizeof(float) * tasks * n * groups);
     w->totals = malloc(sizeof(float) * tasks * n * groups);
@@ -463,17 +534,19 @@ static void place_token(const TandemDecoder *d, const TandemLayer *layer, float 
 
 /* One decoder layer over w->state. Its attention reads w->normed (n, layer->qkv.width), the
  * normed input the caller wrote there; keys and values go to the cache at `rows` first, then
- * token i attends to cache row first_row + s where visible[i * visible_stride + s]. */
+ * token i attends to cache row first_row + s where visible[i * visible_stride + s], in the
+ * ranges w planned from that. */
 static int run_layer(const TandemDecoder *d, const TandemLayer *layer, int64_t n, const int64_t *positions,
                      const int64_t *rows, const uint8_t *visible, int64_t visible_stride, int64_t first_row,
-                     int64_t slots, Work *w, int threads) {
+                     Work *w, int threads) {
     int64_t hidden = d->hidden, dim = d->head_dim, groups = d->heads / d->kv_heads;
     int64_t q_width = d->heads * dim, kv_width = d->kv_heads * dim, qkv_width = q_width + 2 * kv_width;
     LayerSteps steps = {d, layer, w};
     int status;
     /* Attention: queries, keys and values; keys and values into the cache; then attend. */
     if ((status = linear(&layer->qkv, w->normed, n, w->wide, NULL, NULL, threads))) return status;
-    Attention attention = {d, n, groups, q_width, qkv_width, visible_stride, first_row, w->wide, visible};
+    Attention attention = {d, n, groups, q_width, qkv_width, visible_stride, first_row, w->wide, visible, w->bounds,
+                           w->ranges + 1};
     int64_t ranges = w->ranges, queries = n * groups;
 #pragma omp parallel num_threads(threads)
     {
@@ -485,9 +558,10 @@ static int run_layer(const TandemDecoder *d, const TandemLayer *layer, int64_t n
         for (int64_t g = 0; g < d->kv_heads; g++)
             for (int64_t r = 0; r < ranges; r++) {
                 int64_t task = g * ranges + r;
-                int64_t begin = r * RANGE_ROWS, end = begin + RANGE_ROWS < slots ? begin + RANGE_ROWS : slots;
-                attend_range(&attention, g, layer->keys + g * d->cache_rows * dim, layer->values + g * d->cache_rows * dim,
-                             begin, end, w->scores + task * queries * RANGE_ROWS, w->largest + task * queries,
+                float *scores = w->scores + queries * (g * w->scores_per_head + w->scores_at[r]);
+                int64_t begin = w->range_first[r], end = begin + w->range_rows[r];
+                attend_range(&attention, g, r, layer->keys + g * d->cache_rows * dim,
+                             layer->values + g * d->cache_rows * dim, begin, end, scores, w->largest + task * queries,
                              w->totals + task * queries, w->partial + task * queries * dim,
                              w->padded + omp_get_thread_num() * 16 * dim);
             }
@@ -531,7 +605,7 @@ int tandem_decoder_forward(const TandemDecoder *d, int64_t n, const int64_t *ids
     if (status) return status;
     if (threads < 1) threads = 1;
     Work w;
-    if ((status = work_alloc(&w, d, n, slots, hidden, threads))) return status;
+    if ((status = work_alloc(&w, d, n, visible, visible_stride, slots, hidden, threads))) return status;
 
     for (int64_t i = 0; i < n; i++) {
         const int8_t *row = d->embedding + ids[i] * hidden;
@@ -545,7 +619,7 @@ int tandem_decoder_forward(const TandemDecoder *d, int64_t n, const int64_t *ids
                 for (int64_t i = 0; i < n; i++)
                     memcpy(features + (i * feature_count + f) * hidden, w.state + i * hidden, sizeof(float) * hidden);
         for (int64_t i = 0; i < n; i++) rms_norm(w.state + i * hidden, layer->input_norm, hidden, d->eps, w.normed + i * hidden);
-        status = run_layer(d, layer, n, positions, rows, visible, visible_stride, first_row, slots, &w, threads);
+        status = run_layer(d, layer, n, positions, rows, visible, visible_stride, first_row, &w, threads);
     }
     if (status == TANDEM_OK) status = finish(d, n, wanted_from, &w, logits, final_hidden, threads);
     work_free(&w);
@@ -569,7 +643,7 @@ int tandem_eagle3_forward(const TandemDecoder *d, const float *hidden_norm, int6
     if (d->layers != 1 || d->layer[0].qkv.width != 2 * hidden) return TANDEM_BAD_INPUT;
     if (threads < 1) threads = 1;
     Work w;
-    if ((status = work_alloc(&w, d, n, slots, 2 * hidden, threads))) return status;
+    if ((status = work_alloc(&w, d, n, visible, visible_stride, slots, 2 * hidden, threads))) return status;
 
     const TandemLayer *layer = d->layer;
     float *embedding = w.update; /* free until the layer's first product */
@@ -581,7 +655,7 @@ int tandem_eagle3_forward(const TandemDecoder *d, const float *hidden_norm, int6
         rms_norm(embedding, layer->input_norm, hidden, d->eps, w.normed + i * 2 * hidden);
         rms_norm(inputs + i * hidden, hidden_norm, hidden, d->eps, w.normed + i * 2 * hidden + hidden);
     }
-    status = run_layer(d, layer, n, positions, rows, visible, visible_stride, first_row, slots, &w, threads);
+    status = run_layer(d, layer, n, positions, rows, visible, visible_stride, first_row, &w, threads);
     if (status == TANDEM_OK) {
         memcpy(outputs, w.state, sizeof(float) * n * hidden);
         status = finish(d, n, wanted_from, &w, logits, NULL, threads);
