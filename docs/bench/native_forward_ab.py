@@ -34,7 +34,7 @@ SOURCES = ("engine/runtime/int8_matmul.c", "engine/runtime/decoder_forward.c")
 
 
 def build(sources: list[Path], out: Path) -> ctypes.CDLL:
-    variant = int8_kernel.variant_for(int8_kernel.cpu_flags())
+    variant = int8_kernel.chosen_variant()  # TANDEM_INT8_KERNEL=AVX2 compares that build
     subprocess.run(["gcc", *int8_kernel._COMMON_FLAGS, *variant.flags, "-o", str(out), *map(str, sources), "-lm"], check=True)
     library = ctypes.CDLL(str(out))
     forward = library.tandem_decoder_forward  # the argument types int8_kernel._load gives it

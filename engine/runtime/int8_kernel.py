@@ -72,6 +72,7 @@ VARIANTS = (
 # Built into the same library: a whole decoder forward over the kernel (native_forward.py).
 DECODER_SOURCE = _HERE / "decoder_forward.c"
 BUILD_TIMEOUT_S = 120
+KERNEL_VARIABLE = "TANDEM_INT8_KERNEL"  # a narrower build than this CPU's, or "off" (chosen_variant)
 # Whether a compiled one-token forward calls the kernel. Read while tracing, so dynamo keeps a
 # graph per value: docs/bench/int8_kernel_step.py compiles both and times them call by call.
 KERNEL_IN_ONE_TOKEN_GRAPHS = True
@@ -212,7 +213,7 @@ def _loaded() -> ctypes.CDLL | None:
         if not _tried:
             try:
                 _library = _load(_built())
-                _variant = variant_for(cpu_flags())
+                _variant = chosen_variant()
             except KernelUnavailable as reason:
                 _reason = str(reason)
             except (OSError, subprocess.SubprocessError, AttributeError) as error:  # a read-only cache, a hung compiler, …
@@ -229,7 +230,7 @@ def _built() -> Path:
     """The shared library of this CPU's variant, compiled if the cache lacks it."""
     if not sys.platform.startswith("linux"):
         raise KernelUnavailable("the int8 kernel is built for Linux only")
-    variant = variant_for(cpu_flags())
+    variant = chosen_variant()
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         raise KernelUnavailable(f"no C compiler ({os.environ.get('CC', 'cc')}) to build the int8 kernel")
@@ -256,6 +257,24 @@ def _built() -> Path:
             raise KernelUnavailable(f"building the int8 kernel ({variant.name}) failed: {result.stderr.strip()[-300:]}")
         os.replace(partial, library)
     return library
+
+
+def chosen_variant() -> Variant:
+    """The build for this CPU, or the narrower one TANDEM_INT8_KERNEL names ("AVX2",
+    "AVX-VNNI"): what a CPU with only those features runs, measured on this one (docs/bench/
+    native_variants.py, `tandem bench`). TANDEM_INT8_KERNEL=off leaves the products to torch."""
+    wanted = os.environ.get(KERNEL_VARIABLE, "").strip()
+    if not wanted:
+        return variant_for(cpu_flags())
+    if wanted.lower() == "off":
+        raise KernelUnavailable(f"the int8 kernel is turned off ({KERNEL_VARIABLE}=off)")
+    named = next((variant for variant in VARIANTS if variant.name.lower() == wanted.lower()), None)
+    if named is None:
+        choices = ", ".join(variant.name for variant in VARIANTS)
+        raise KernelUnavailable(f"{KERNEL_VARIABLE}={wanted!r} names no build of the int8 kernel (one of {choices}, or off)")
+    if not named.needs <= cpu_flags():
+        raise KernelUnavailable(f"{KERNEL_VARIABLE}={named.name!r}: this CPU lacks {', '.join(sorted(named.needs - cpu_flags()))}")
+    return named
 
 
 def variant_for(flags: frozenset[str]) -> Variant:

@@ -174,6 +174,28 @@ def test_a_cpu_without_avx2_keeps_oneDNN(fresh_kernel, monkeypatch):
     assert unavailable_reason() == "this CPU has neither AVX-512 VNNI nor AVX2" and variant_name() is None
 
 
+@pytest.mark.skipif(not any(variant.name == "AVX2" for variant in RUNNABLE), reason="this CPU cannot run the AVX2 build")
+def test_the_environment_can_name_a_narrower_build_or_turn_the_kernel_off(fresh_kernel, monkeypatch):
+    """TANDEM_INT8_KERNEL: what a CPU with fewer features runs, measured on this one; or off."""
+    x, weight = activations(3, 70, seed=12), random_int8(20, 70, seed=13)
+    monkeypatch.setenv("TANDEM_INT8_KERNEL", "avx2")
+    assert variant_name() == "AVX2" and unavailable_reason() is None
+    assert torch.equal(integer_product(x, weight, weight_row_sums(weight)), torch_product(x, weight))
+    for value, reason in (("off", "turned off (TANDEM_INT8_KERNEL=off)"),
+                          ("SSE2", "TANDEM_INT8_KERNEL='SSE2' names no build of the int8 kernel (one of AVX-512 VNNI, AVX-VNNI, AVX2, or off)")):
+        for name, fresh in (("_tried", False), ("_library", None), ("_reason", None), ("_variant", None)):
+            monkeypatch.setattr(int8_kernel, name, fresh)
+        monkeypatch.setenv("TANDEM_INT8_KERNEL", value)
+        assert torch.equal(integer_product(x, weight, weight_row_sums(weight)), torch_product(x, weight))
+        assert variant_name() is None and reason in unavailable_reason()
+
+
+def test_a_build_the_cpu_cannot_run_is_refused_with_what_it_lacks(fresh_kernel, monkeypatch):
+    monkeypatch.setattr(int8_kernel, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    monkeypatch.setenv("TANDEM_INT8_KERNEL", "AVX-VNNI")
+    assert unavailable_reason() == "TANDEM_INT8_KERNEL='AVX-VNNI': this CPU lacks avx_vnni" and variant_name() is None
+
+
 @pytest.mark.skipif(not CAN_BUILD, reason="this machine cannot build the kernel (no AVX2 or no C compiler)")
 def test_a_corrupt_cached_library_is_built_again(fresh_kernel, monkeypatch, tmp_path):
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path))  # a path this process has not loaded yet
