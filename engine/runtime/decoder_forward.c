@@ -139,6 +139,25 @@ static inline __m512 dot_16_rows(const float *query, const float *rows, int64_t 
     __m512 high = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x44), _mm512_shuffle_f32x4(quads[2], quads[3], 0xEE));
     return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define TANDEM_AVX2 1 /* the AVX2 builds (int8_matmul_avx2.c's CPUs): the same loops on 8 lanes */
+
+/* Lane t: query . rows[t] over dim (a multiple of 8), rows `dim` floats apart; every lane
+ * summed by the same tree of adds. */
+static inline __m256 dot_8_rows(const float *query, const float *rows, int64_t dim) {
+    __m256 acc[8];
+    for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < dim; j += 8) {
+        __m256 x = _mm256_loadu_ps(query + j);
+        for (int t = 0; t < 8; t++) acc[t] = _mm256_fmadd_ps(x, _mm256_loadu_ps(rows + t * dim + j), acc[t]);
+    }
+    __m256 pairs[4];
+    for (int i = 0; i < 4; i++) pairs[i] = _mm256_hadd_ps(acc[2 * i], acc[2 * i + 1]);
+    __m256 low = _mm256_hadd_ps(pairs[0], pairs[1]), high = _mm256_hadd_ps(pairs[2], pairs[3]);
+    /* low's 128-bit halves: rows 0-3's sums over lanes 0-3 and 4-7; high's, rows 4-7's */
+    return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
+}
 #endif
 
 #ifdef __AVX512F__
@@ -162,6 +181,35 @@ static inline __m512 exp_16(__m512 x) {
     __m512 result = _mm512_scalef_ps(p, n);
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-104.0f), _CMP_LT_OQ), result, _mm512_setzero_ps());
 }
+#elif defined(TANDEM_AVX2)
+/* exp_16's e^x for 8 floats. AVX2 has no VSCALEFPS: 2^n is applied as two powers of two,
+ * each a float's exponent bits, so a result below the normal range is rounded once, as
+ * scalef rounds it. */
+static inline __m256 exp_8(__m256 x) {
+    __m256 clamped = _mm256_min_ps(_mm256_set1_ps(104.0f), _mm256_max_ps(_mm256_set1_ps(-104.0f), x));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(clamped, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), clamped);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i whole = _mm256_cvtps_epi32(n); /* |n| <= 151; a NaN's comes out as INT_MIN */
+    __m256i half = _mm256_srai_epi32(whole, 1), rest = _mm256_sub_epi32(whole, half); /* each within +-76 */
+    __m256 first = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+    __m256 second = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(rest, _mm256_set1_epi32(127)), 23));
+    __m256 result = _mm256_mul_ps(_mm256_mul_ps(p, first), second); /* a NaN's p is NaN: so is this */
+    return _mm256_blendv_ps(result, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(-104.0f), _CMP_LT_OQ));
+}
+
+/* The lanes below `count` (0..8) as a mask for maskload/maskstore. */
+static inline __m256i first_lanes(int64_t count) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
 #endif
 
 /* row[s] = e^(row[s] - top) */
@@ -173,6 +221,14 @@ static void exp_shifted(float *row, int64_t count, float top) {
     if (s < count) {
         __mmask16 lanes = (__mmask16)((1u << (count - s)) - 1);
         _mm512_mask_storeu_ps(row + s, lanes, exp_16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, row + s), _mm512_set1_ps(top))));
+        s = count;
+    }
+#elif defined(TANDEM_AVX2)
+    for (; s + 8 <= count; s += 8)
+        _mm256_storeu_ps(row + s, exp_8(_mm256_sub_ps(_mm256_loadu_ps(row + s), _mm256_set1_ps(top))));
+    if (s < count) {
+        __m256i lanes = first_lanes(count - s);
+        _mm256_maskstore_ps(row + s, lanes, exp_8(_mm256_sub_ps(_mm256_maskload_ps(row + s, lanes), _mm256_set1_ps(top))));
         s = count;
     }
 #endif
@@ -194,6 +250,13 @@ static void silu_times(const float *gate, const float *up, int64_t width, float 
         __m512 e = exp_16(_mm512_sub_ps(_mm512_setzero_ps(), g));
         __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
         _mm512_storeu_ps(out + j, _mm512_mul_ps(silu, _mm512_loadu_ps(up + j)));
+    }
+#elif defined(TANDEM_AVX2)
+    for (; j + 8 <= width; j += 8) {
+        __m256 g = _mm256_loadu_ps(gate + j);
+        __m256 e = exp_8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_storeu_ps(out + j, _mm256_mul_ps(silu, _mm256_loadu_ps(up + j)));
     }
 #endif
     for (; j < width; j++) out[j] = gate[j] / (1.0f + expf(-gate[j])) * up[j];
@@ -223,6 +286,28 @@ static inline __attribute__((always_inline)) void weigh_values(const float *valu
     }
     for (int h = 0; h < heads; h++)
         for (int c = 0; c < 4; c++) _mm512_storeu_ps(out[h] + 16 * c, sum[h][c]);
+}
+#elif defined(TANDEM_AVX2)
+/* weigh_values on 8 lanes: columns j0..j0+31 for up to 2 heads (8 sums, the value row's 4
+ * vectors and a weight: 13 of the 16 registers). */
+static inline __attribute__((always_inline)) void weigh_values_8(const float *values, int64_t dim, const uint8_t *seen,
+                                                                 const float *const *weights, int heads, int64_t begin,
+                                                                 int64_t end, float *const *out) {
+    __m256 sum[2][4];
+    for (int h = 0; h < heads; h++)
+        for (int c = 0; c < 4; c++) sum[h][c] = _mm256_setzero_ps();
+    for (int64_t s = begin; s < end; s++) {
+        if (!seen[s]) continue;
+        const float *value = values + s * dim;
+        __m256 columns[4];
+        for (int c = 0; c < 4; c++) columns[c] = _mm256_loadu_ps(value + 8 * c);
+        for (int h = 0; h < heads; h++) {
+            __m256 weight = _mm256_set1_ps(weights[h][s]);
+            for (int c = 0; c < 4; c++) sum[h][c] = _mm256_fmadd_ps(weight, columns[c], sum[h][c]);
+        }
+    }
+    for (int h = 0; h < heads; h++)
+        for (int c = 0; c < 4; c++) _mm256_storeu_ps(out[h] + 8 * c, sum[h][c]);
 }
 #endif
 
@@ -268,6 +353,38 @@ static void attend_range(const Attention *a, int64_t g, int64_t r, const float *
                     _mm512_mask_storeu_ps(scores + q * count + s - begin, rows, dots);
                     float top = _mm512_reduce_max_ps(dots);
                     if (top > largest[q]) largest[q] = top;
+                }
+            }
+        }
+#elif defined(TANDEM_AVX2)
+    /* The same on 8 rows at a time: every score out of dot_8_rows, a short last block padded */
+    if (dim % 8 == 0)
+        for (; s < end; s += 8) {
+            const float *block = keys + (a->first_row + s) * dim;
+            int64_t rows = end - s < 8 ? end - s : 8;
+            if (rows < 8) {
+                memset(padded, 0, sizeof(float) * 8 * dim);
+                memcpy(padded, block, sizeof(float) * rows * dim);
+                block = padded;
+            }
+            for (int64_t i = 0; i < a->n; i++) {
+                RANGE_OF(i);
+                const uint8_t *seen = a->visible + i * a->visible_stride + s;
+                int bits = 0; /* the rows this token sees in its range */
+                for (int64_t t = 0; t < rows; t++) bits |= (seen[t] && s + t >= lo && s + t < hi) << t;
+                __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+                __m256 lanes = _mm256_castsi256_ps(
+                    _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(bits), lane_bits), lane_bits));
+                for (int64_t h = 0; h < groups; h++) {
+                    int64_t q = i * groups + h;
+                    const float *query = a->qkv + i * a->qkv_width + (g * groups + h) * dim;
+                    __m256 dots = _mm256_mul_ps(dot_8_rows(query, block, dim), _mm256_set1_ps(a->d->attention_scale));
+                    dots = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), dots, lanes);
+                    _mm256_maskstore_ps(scores + q * count + s - begin, first_lanes(rows), dots);
+                    float top[8];
+                    _mm256_storeu_ps(top, dots);
+                    for (int t = 0; t < 8; t++)
+                        if (top[t] > largest[q]) largest[q] = top[t];
                 }
             }
         }
@@ -322,6 +439,27 @@ static void attend_range(const Attention *a, int64_t g, int64_t r, const float *
                 case 2: weigh_values(columns, dim, seen, weights, 2, lo, hi, out); break;
                 default: weigh_values(columns, dim, seen, weights, 1, lo, hi, out); break;
                 }
+            }
+        }
+#elif defined(TANDEM_AVX2)
+    for (; j0 + 32 <= dim; j0 += 32)
+        for (int64_t i = 0; i < a->n; i++) {
+            RANGE_OF(i);
+            const uint8_t *seen = a->visible + i * a->visible_stride;
+            for (int64_t h0 = 0; h0 < groups; h0 += 2) {
+                int heads = groups - h0 < 2 ? (int)(groups - h0) : 2;
+                const float *weights[2];
+                float *out[2], ignored[2][32];
+                for (int h = 0; h < heads; h++) {
+                    int64_t q = i * groups + h0 + h;
+                    weights[h] = scores + q * count - begin;
+                    out[h] = largest[q] == -INFINITY ? ignored[h] : acc + q * dim + j0;
+                }
+                const float *columns = values + a->first_row * dim + j0;
+                if (heads == 2)
+                    weigh_values_8(columns, dim, seen, weights, 2, lo, hi, out);
+                else
+                    weigh_values_8(columns, dim, seen, weights, 1, lo, hi, out);
             }
         }
 #endif

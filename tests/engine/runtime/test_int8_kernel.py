@@ -167,11 +167,12 @@ def test_without_a_compiler_oneDNN_does_the_product_and_the_reason_is_kept(fresh
     assert "no C compiler (no-such-compiler)" in unavailable_reason()
 
 
-def test_a_cpu_without_avx2_keeps_oneDNN(fresh_kernel, monkeypatch):
-    monkeypatch.setattr(int8_kernel, "cpu_flags", lambda: frozenset({"sse4_2", "avx", "fma"}))
+@pytest.mark.parametrize("flags", [{"sse4_2", "avx", "fma"}, {"sse4_2", "avx", "avx2"}], ids=["no AVX2", "AVX2 without FMA"])
+def test_a_cpu_without_avx2_and_fma_keeps_oneDNN(fresh_kernel, monkeypatch, flags):
+    monkeypatch.setattr(int8_kernel, "cpu_flags", lambda: frozenset(flags))
     x, weight = activations(3, 70, seed=10), random_int8(20, 70, seed=11)
     assert torch.equal(integer_product(x, weight, weight_row_sums(weight)), torch_product(x, weight))
-    assert unavailable_reason() == "this CPU has neither AVX-512 VNNI nor AVX2" and variant_name() is None
+    assert unavailable_reason() == "this CPU has neither AVX-512 VNNI nor AVX2 with FMA" and variant_name() is None
 
 
 @pytest.mark.skipif(not any(variant.name == "AVX2" for variant in RUNNABLE), reason="this CPU cannot run the AVX2 build")
@@ -192,7 +193,7 @@ def test_the_environment_can_name_a_narrower_build_or_turn_the_kernel_off(fresh_
 
 def test_a_build_the_cpu_cannot_run_is_refused_with_what_it_lacks(fresh_kernel, monkeypatch):
     monkeypatch.setattr(int8_kernel, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
-    monkeypatch.setenv("TANDEM_INT8_KERNEL", "AVX-VNNI")
+    monkeypatch.setenv("TANDEM_INT8_KERNEL", "AVX-VNNI")  # needs avx_vnni too
     assert unavailable_reason() == "TANDEM_INT8_KERNEL='AVX-VNNI': this CPU lacks avx_vnni" and variant_name() is None
 
 
