@@ -5,10 +5,11 @@ AVX-VNNI, not AVX-512; on those the demo pair loads on llama.cpp, because the na
 was measured faster than llama.cpp only with its AVX-512 VNNI build. This builds the native
 forward's C sources as each kernel variant (int8_kernel.VARIANTS: a CPU with only those
 features would build the same code) and times, over the same loaded int8 demo target, a
-one-token step and a verify of each TOKENS count after CONTEXT cached tokens, alternating call
-by call with Tandem's llama.cpp runtime over the demo GGUF (built by llama-cpp-python for this
-CPU: with AVX-512, a stronger baseline than such a CPU's llama.cpp, so the ratios are on the
-safe side). Median of REPEATS each, 2 threads.
+one-token step and a verify of each TOKENS count after CONTEXT cached tokens, and the read of a
+PROMPT-token prompt (the native forward in pieces of 64), alternating call by call with
+Tandem's llama.cpp runtime over the demo GGUF (built by llama-cpp-python for this CPU: with
+AVX-512, a stronger baseline than such a CPU's llama.cpp, so the ratios are on the safe side).
+Median of REPEATS each (PROMPT_REPEATS for prompts), 2 threads.
 
   PYTHONPATH=. .venv/bin/python docs/bench/native_variants.py [TOKENS ...]
 """
@@ -20,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from engine.pairs import find_pair
@@ -29,6 +31,8 @@ from engine.session import load_pair
 
 REPEATS = 31
 CONTEXT = 200
+PROMPT = 400
+PROMPT_REPEATS = 5
 
 
 def build(variant: int8_kernel.Variant, out: Path) -> ctypes.CDLL:
@@ -39,6 +43,14 @@ def build(variant: int8_kernel.Variant, out: Path) -> ctypes.CDLL:
     forward.argtypes = int8_kernel.loaded_library().tandem_decoder_forward.argtypes
     forward.restype = ctypes.c_int
     return library
+
+
+def prompt_read(runtime) -> float:
+    """Seconds to read a fresh PROMPT-token prompt (one logits row wanted)."""
+    runtime.reset()
+    started = time.perf_counter()
+    runtime.forward([1000 + (i * 11) % 5000 for i in range(PROMPT)], logits_wanted=1)
+    return time.perf_counter() - started
 
 
 def main() -> None:
@@ -63,13 +75,16 @@ def main() -> None:
                 runtime = llama if name == "llama.cpp" else native
                 for count in tokens:
                     times.setdefault((name, count), []).append(1000 * time_verify(runtime, context, count))
+                if repeat < PROMPT_REPEATS * len(contenders):
+                    times.setdefault((name, "prompt"), []).append(1000 * prompt_read(runtime))
         native.native.most_tokens = most_tokens
     medians = {key: statistics.median(values) for key, values in times.items()}
-    print(f"ms, median of {REPEATS}, after {CONTEXT} tokens; (x llama.cpp) below each")
-    print(f"{'':14s}" + "".join(f"{count:>10d} tok" for count in tokens))
+    print(f"ms, median of {REPEATS} after {CONTEXT} tokens (a {PROMPT}-token prompt: of {PROMPT_REPEATS}); (x llama.cpp) below each")
+    columns = [*tokens, "prompt"]
+    print(f"{'':14s}" + "".join(f"{count:>10d} tok" if count != "prompt" else f"{'prompt':>14s}" for count in columns))
     for name in [*libraries, "llama.cpp"]:
-        row = "".join(f"{medians[(name, count)]:14.2f}" for count in tokens)
-        ratio = "".join(f"{medians[(name, count)] / medians[('llama.cpp', count)]:13.2f}x" for count in tokens)
+        row = "".join(f"{medians[(name, count)]:14.2f}" for count in columns)
+        ratio = "".join(f"{medians[(name, count)] / medians[('llama.cpp', count)]:13.2f}x" for count in columns)
         print(f"{name:14s}{row}\n{'':14s}{ratio}")
     native_pair.close()
     llama_pair.close()

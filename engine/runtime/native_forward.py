@@ -30,11 +30,15 @@ from .int8_weights import Int8Embedding, Int8Linear
 from .static_families import recipe_for, static_refusal
 
 NATIVE_NAME = "torch (native int8 forward)"  # the runtime's name where it runs
-# The kernel builds the native forward was measured faster with than llama.cpp (docs/BENCHMARKS.md).
-MEASURED_VARIANTS = {"AVX-512 VNNI"}
+# The kernel builds the native forward was measured faster with than llama.cpp (docs/BENCHMARKS.md):
+# AVX-512 VNNI on its own CPU; the two 256-bit builds on the same CPU, built as CPUs with only
+# their features build them (TANDEM_INT8_KERNEL, docs/bench/native_variants.py: a step 0.50x
+# and 0.52x of llama.cpp's time; prompts 0.87x and 1.23x).
+MEASURED_VARIANTS = {"AVX-512 VNNI", "AVX-VNNI", "AVX2"}
 # On those builds prompts run here too, in pieces of this many tokens (the static runtime's
-# widest bucket): the demo target read prompts of 24-1,000 tokens 1.6-2.6x faster than in
-# eager torch, and pieces of 64 beat 16 and 32 (docs/BENCHMARKS.md).
+# widest bucket), so that every forward, a verify as a step, runs the same arithmetic: the
+# demo target read prompts of 24-1,000 tokens 1.6-2.6x faster than in eager torch with
+# AVX-512 VNNI, and pieces of 64 beat 16 and 32 (docs/BENCHMARKS.md).
 PROMPT_ROWS = 64
 NATIVE_RECIPES = {"Llama", "Mistral", "Qwen2", "Qwen3"}
 NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}

@@ -208,7 +208,7 @@ def test_on_a_kernel_build_never_measured_only_the_longer_forwards_are_compiled(
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "llama-96-wide-heads"])
-def test_a_verify_gives_each_token_the_bits_its_steps_give_it(kind):
+def test_a_verify_gives_each_token_the_bits_its_steps_give_it(kind, each_build):
     """Greedy speculation equals plain decoding only if a verified token gets the very logits
     its step would: the attention's ranges and 16-row blocks sit at fixed cache rows, and a
     short last block is padded, so the sums run in the same order either way. After a context
@@ -227,7 +227,7 @@ def test_a_verify_gives_each_token_the_bits_its_steps_give_it(kind):
 
 @pytest.mark.parametrize("start", [30, 120], ids=["below a range border", "across a range border"])
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "llama-96-wide-heads"])
-def test_tree_nodes_and_the_steps_after_their_kept_paths_get_the_bits_steps_give_them(kind, start):
+def test_tree_nodes_and_the_steps_after_their_kept_paths_get_the_bits_steps_give_them(kind, start, each_build):
     """The same for trees, round after round: each node's logits in its tree, and the next
     tree's after `keep_path` has moved the accepted nodes down over their siblings, equal a
     chain of steps over those tokens. The weights' sum once ran in 16 lanes by cache row, so a
@@ -269,7 +269,7 @@ def each_build(request, monkeypatch: pytest.MonkeyPatch) -> int8_kernel.Variant:
 
 
 def test_every_kernel_build_runs_the_native_forward(each_build):
-    """The AVX2 builds compile the forward without AVX-512: plain loops and libm's expf."""
+    """The AVX2 builds compile the forward without AVX-512: its attention and e^x on 8 lanes."""
     assert int8_kernel.variant_name() == each_build.name
     rng = random.Random(13)
     runtimes = pair_of_runtimes(int8_model("llama-96-wide-heads", 13))
@@ -279,8 +279,9 @@ def test_every_kernel_build_runs_the_native_forward(each_build):
 
 
 def test_the_forwards_exponential_is_within_two_ulp_of_the_true_one(each_build):
-    """Softmax and SiLU take e^x from a vector polynomial on AVX-512 (libm's expf elsewhere): a
-    wrong coefficient or range reduction is off by more than the logits' tolerance can see."""
+    """Softmax and SiLU take e^x from a vector polynomial (16 lanes with AVX-512, 8 with AVX2,
+    whose powers of two come from exponent bits): a wrong coefficient, range reduction or
+    scaling is off by more than the logits' tolerance can see."""
     library = int8_kernel.loaded_library()
     x = torch.cat([torch.linspace(-103.0, 88.0, 200_003), torch.randn(10_000) * 3,
                    torch.tensor([0.0, -0.0, 88.72, -87.33, 1e-8, -1e-8])])
