@@ -14,7 +14,6 @@ tokens.
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import statistics
 import subprocess
@@ -30,17 +29,6 @@ from engine.session import load_pair
 
 REPEATS = 31
 CONTEXT = 200
-SOURCES = ("engine/runtime/int8_matmul.c", "engine/runtime/decoder_forward.c")
-
-
-def build(sources: list[Path], out: Path) -> ctypes.CDLL:
-    variant = int8_kernel.chosen_variant()  # TANDEM_INT8_KERNEL=AVX2 compares that build
-    subprocess.run(["gcc", *int8_kernel._COMMON_FLAGS, *variant.flags, "-o", str(out), *map(str, sources), "-lm"], check=True)
-    library = ctypes.CDLL(str(out))
-    forward = library.tandem_decoder_forward  # the argument types int8_kernel._load gives it
-    forward.argtypes = int8_kernel.loaded_library().tandem_decoder_forward.argtypes
-    forward.restype = ctypes.c_int
-    return library
 
 
 def main() -> None:
@@ -48,14 +36,17 @@ def main() -> None:
     pair = load_pair(dataclasses.replace(find_pair("demo"), draft=None, runtime="torch"), lambda message, fraction: None)
     target = pair.target_runner
     print(f"runtime: {target.name}, kernel: {int8_kernel.variant_name()}")
+    variant = int8_kernel.chosen_variant()  # TANDEM_INT8_KERNEL=AVX2 compares that build
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         old_sources = []
-        for source in SOURCES:
-            path = folder / Path(source).name
-            path.write_bytes(subprocess.run(["git", "show", f"{before}:{source}"], capture_output=True, check=True).stdout)
+        for source in (variant.source, int8_kernel.DECODER_SOURCE):
+            path = folder / source.name
+            tracked = source.resolve().relative_to(Path.cwd().resolve()).as_posix()  # run from the repository's root
+            path.write_bytes(subprocess.run(["git", "show", f"{before}:{tracked}"], capture_output=True, check=True).stdout)
             old_sources.append(path)
-        libraries = {"before": build(old_sources, folder / "before.so"), "after": build([Path(source) for source in SOURCES], folder / "after.so")}
+        libraries = {"before": int8_kernel.build_for_comparison(variant, folder / "before.so", tuple(old_sources)),
+                     "after": int8_kernel.build_for_comparison(variant, folder / "after.so")}
         context = [1000 + (i * 7) % 5000 for i in range(CONTEXT)]
         for count in tokens:
             logits = {}

@@ -15,10 +15,8 @@ Median of REPEATS each (PROMPT_REPEATS for prompts), 2 threads.
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,16 +31,6 @@ REPEATS = 31
 CONTEXT = 200
 PROMPT = 400
 PROMPT_REPEATS = 5
-
-
-def build(variant: int8_kernel.Variant, out: Path) -> ctypes.CDLL:
-    sources = [variant.source, int8_kernel.DECODER_SOURCE]
-    subprocess.run(["gcc", *int8_kernel._COMMON_FLAGS, *variant.flags, "-o", str(out), *map(str, sources), "-lm"], check=True)
-    library = ctypes.CDLL(str(out))
-    forward = library.tandem_decoder_forward  # the argument types int8_kernel._load gives it
-    forward.argtypes = int8_kernel.loaded_library().tandem_decoder_forward.argtypes
-    forward.restype = ctypes.c_int
-    return library
 
 
 def prompt_read(runtime) -> float:
@@ -63,7 +51,7 @@ def main() -> None:
     context = [1000 + (i * 7) % 5000 for i in range(CONTEXT)]
     runnable = [v for v in int8_kernel.VARIANTS if v.needs <= int8_kernel.cpu_flags()]
     with tempfile.TemporaryDirectory() as scratch:
-        libraries = {v.name: build(v, Path(scratch) / f"{i}.so") for i, v in enumerate(runnable)}
+        libraries = {v.name: int8_kernel.build_for_comparison(v, Path(scratch) / f"{i}.so") for i, v in enumerate(runnable)}
         most_tokens = native.native.most_tokens
         native.native.most_tokens = max(most_tokens, *tokens)  # every count runs natively
         times: dict[tuple[str, int], list[float]] = {}

@@ -309,6 +309,21 @@ def _load(library: Path) -> ctypes.CDLL:
             loaded = ctypes.CDLL(str(_built()))
         except OSError:
             raise KernelUnavailable(f"the int8 kernel does not load: {error}") from error
+    return _declared(loaded)
+
+
+def build_for_comparison(variant: Variant, out: Path, sources: tuple[Path, ...] | None = None) -> ctypes.CDLL:
+    """A library built from `sources` (the variant's and the decoder's by default) with the
+    variant's flags at `out`, loaded beside the runtime's own: for benchmarks that switch
+    between builds call by call (docs/bench/native_forward_ab.py, native_variants.py)."""
+    sources = sources or (variant.source, DECODER_SOURCE)
+    compiler = os.environ.get("CC", "cc")
+    subprocess.run([compiler, *_COMMON_FLAGS, *variant.flags, "-o", str(out), *map(str, sources), "-lm"], check=True)
+    return _declared(ctypes.CDLL(str(out)))
+
+
+def _declared(loaded: ctypes.CDLL) -> ctypes.CDLL:
+    """`loaded` with its functions' argument and result types set."""
     function = loaded.tandem_int8_product
     function.argtypes = [
         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
