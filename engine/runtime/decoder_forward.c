@@ -554,13 +554,16 @@ static int plan_ranges(Work *w, int64_t n, const uint8_t *visible, int64_t visib
     w->scores_at = malloc(sizeof(int64_t) * ranges);
     if (!w->bounds || !w->range_first || !w->range_rows || !w->scores_at) return TANDEM_NO_MEMORY;
     for (int64_t i = 0; i < n; i++) {
-        int64_t *bounds = w->bounds + i * stride, seen = 0, r = 0;
+        int64_t *bounds = w->bounds + i * stride, seen = 0, r = 0, past_last = 0;
         for (int64_t s = 0; s < slots; s++)
             if (visible[i * visible_stride + s]) {
                 if (seen % RANGE_ROWS == 0) bounds[r++] = s;
                 seen++;
+                past_last = s + 1;
             }
-        while (r < stride) bounds[r++] = slots; /* ranges it sees nothing of: empty, at the end */
+        /* its last range ends after the last row it sees (a prompt's early tokens do not widen
+         * the task's span over the rows after them); the ranges it sees nothing of are empty */
+        while (r < stride) bounds[r++] = past_last;
     }
     w->scores_per_head = 0;
     for (int64_t r = 0; r < ranges; r++) {
