@@ -1,6 +1,6 @@
 """The int8 layers' product on the CPU for a few tokens: Tandem's own kernel, built with the
 machine's C compiler on first use (`int8_matmul.c` with AVX-512 VNNI; `int8_matmul_avx2.c`
-with AVX-VNNI or AVX2 alone, for the CPUs without AVX-512).
+with AVX-VNNI or AVX2 alone (and FMA), for the CPUs without AVX-512).
 
 Why: one token's forward is a matrix-vector product per layer. oneDNN's `torch._int_mm`
 reads the weights there at about half the bandwidth two cores have (docs/BENCHMARKS.md); this
