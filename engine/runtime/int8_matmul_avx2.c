@@ -102,7 +102,7 @@ static inline __attribute__((always_inline)) void dot_rows(const int8_t *first_l
                                                            const int8_t *const rows[ROWS], int64_t k,
                                                            const int8_t *next, int64_t stride, __m256i sums[2]) {
     __m256i first[ROWS], second[ROWS];
-    for (int half = 0; half < ROWS; half += TOGETHER) {
+    for (int group = 0; group < ROWS; group += TOGETHER) {
         __m256i a[TOGETHER], b[TOGETHER];
         for (int r = 0; r < TOGETHER; r++) a[r] = b[r] = _mm256_setzero_si256();
         int64_t start = 0;
@@ -110,10 +110,10 @@ static inline __attribute__((always_inline)) void dot_rows(const int8_t *first_l
             __m256i x = _mm256_loadu_si256((const __m256i *)(first_level + start));
             __m256i y = _mm256_loadu_si256((const __m256i *)(second_level + start));
             for (int r = 0; r < TOGETHER; r++) {
-                __m256i weights = _mm256_loadu_si256((const __m256i *)(rows[half + r] + start));
+                __m256i weights = _mm256_loadu_si256((const __m256i *)(rows[group + r] + start));
                 a[r] = add_products(a[r], x, weights);
                 b[r] = add_products(b[r], y, weights);
-                if (next != NULL && start % 64 == 0) _mm_prefetch((const char *)(next + (half + r) * stride + start), _MM_HINT_T1);
+                if (next != NULL && start % 64 == 0) _mm_prefetch((const char *)(next + (group + r) * stride + start), _MM_HINT_T1);
             }
         }
         if (start < k) {
@@ -121,13 +121,13 @@ static inline __attribute__((always_inline)) void dot_rows(const int8_t *first_l
             __m256i y = _mm256_loadu_si256((const __m256i *)(second_level + start));
             for (int r = 0; r < TOGETHER; r++) {
                 int8_t tail[CHUNK] = {0};
-                memcpy(tail, rows[half + r] + start, (size_t)(k - start));
+                memcpy(tail, rows[group + r] + start, (size_t)(k - start));
                 __m256i weights = _mm256_loadu_si256((const __m256i *)tail);
                 a[r] = add_products(a[r], x, weights);
                 b[r] = add_products(b[r], y, weights);
             }
         }
-        for (int r = 0; r < TOGETHER; r++) first[half + r] = a[r], second[half + r] = b[r];
+        for (int r = 0; r < TOGETHER; r++) first[group + r] = a[r], second[group + r] = b[r];
     }
     sums[0] = sum_lanes_8(first);
     sums[1] = sum_lanes_8(second);
