@@ -527,7 +527,9 @@ typedef struct {
      * range r: cache rows bounds[i * (ranges + 1) + r] on, up to its range r + 1. Task r reads
      * the range_rows[r] rows from range_first[r], where all the tokens' ranges r lie, and keeps
      * its scores at scores_at[r] (times the tokens' heads) in its key/value head's share. The
-     * same for every layer: they follow from `visible` alone. */
+     * same for every layer: they follow from `visible` alone. In span mode (independent
+     * sequences, plan_spans) token i's ranges are its own: kv_heads x ranges tasks per token,
+     * scores_per_head RANGE_ROWS per range, and range_first, range_rows, scores_at unused. */
     int64_t ranges, *bounds, *range_first, *range_rows, *scores_at, scores_per_head;
     float *scores, *padded, *largest, *totals, *partial;
 } Work;
@@ -582,13 +584,31 @@ static int plan_ranges(Work *w, int64_t n, const uint8_t *visible, int64_t visib
     return TANDEM_OK;
 }
 
+/* w's ranges for n tokens of which token i sees the span_rows[i] cache rows of its own span
+ * (span mode): its range r is rows r * RANGE_ROWS on of that span, as a token that sees its
+ * whole history in tandem_decoder_forward has them, so it gets the same bits. */
+static int plan_spans(Work *w, int64_t n, const int64_t *span_rows) {
+    int64_t most_seen = 1;
+    for (int64_t i = 0; i < n; i++)
+        if (span_rows[i] > most_seen) most_seen = span_rows[i];
+    int64_t ranges = (most_seen + RANGE_ROWS - 1) / RANGE_ROWS, stride = ranges + 1;
+    w->ranges = ranges;
+    w->bounds = malloc(sizeof(int64_t) * n * stride);
+    if (!w->bounds) return TANDEM_NO_MEMORY;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t r = 0; r < stride; r++) w->bounds[i * stride + r] = r * RANGE_ROWS < span_rows[i] ? r * RANGE_ROWS : span_rows[i];
+    w->scores_per_head = ranges * RANGE_ROWS;
+    return TANDEM_OK;
+}
+
+/* span_rows NULL: tokens that see `visible` (plan_ranges); else span mode (plan_spans). */
 static int work_alloc(Work *w, const TandemDecoder *d, int64_t n, const uint8_t *visible, int64_t visible_stride,
-                      int64_t slots, int64_t input_width, int threads) {
+                      int64_t slots, const int64_t *span_rows, int64_t input_width, int threads) {
     int64_t dim = d->head_dim, groups = d->heads / d->kv_heads, q_width = d->heads * dim;
     int64_t qkv_width = q_width + 2 * d->kv_heads * dim;
     int64_t widest = qkv_width > 2 * d->intermediate ? qkv_width : 2 * d->intermediate;
     memset(w, 0, sizeof(*w));
-    if (plan_ranges(w, n, visible, visible_stride, slots)) {
+    if (span_rows ? plan_spans(w, n, span_rows) : plan_ranges(w, n, visible, visible_stride, slots)) {
         work_free(w);
         return TANDEM_NO_MEMORY;
     }
@@ -673,13 +693,45 @@ static void place_token(const TandemDecoder *d, const TandemLayer *layer, float 
     }
 }
 
+/* Span mode's attention, on the threads of run_layer's parallel region: token i alone over its
+ * own span, kv_heads x (its ranges) tasks per token, with tandem_decoder_forward's loops for a
+ * token that sees its whole history (`all_seen`: ones, as long as the longest span). */
+static void attend_spans(const TandemDecoder *d, const TandemLayer *layer, const Attention *shared,
+                         const int64_t *span_first, Work *w) {
+    int64_t dim = d->head_dim, groups = shared->groups, ranges = w->ranges, stride = ranges + 1;
+#define OWN(i) {d, 1, groups, shared->q_width, shared->qkv_width, 0, span_first[i], shared->qkv + (i) * shared->qkv_width, \
+                shared->visible, w->bounds + (i) * stride, stride}
+#pragma omp for collapse(3) schedule(dynamic)
+    for (int64_t i = 0; i < shared->n; i++)
+        for (int64_t g = 0; g < d->kv_heads; g++)
+            for (int64_t r = 0; r < ranges; r++) {
+                Attention own = OWN(i);
+                int64_t begin = own.bounds[r], end = own.bounds[r + 1], task = (i * d->kv_heads + g) * ranges + r;
+                if (begin == end) continue; /* past its span: merge_ranges stops before it */
+                attend_range(&own, g, r, layer->keys + g * d->cache_rows * dim, layer->values + g * d->cache_rows * dim,
+                             begin, end, w->scores + task * groups * RANGE_ROWS, w->largest + task * groups,
+                             w->totals + task * groups, w->partial + task * groups * dim,
+                             w->padded + omp_get_thread_num() * 16 * dim);
+            }
+#pragma omp for collapse(3) schedule(static)
+    for (int64_t i = 0; i < shared->n; i++)
+        for (int64_t g = 0; g < d->kv_heads; g++)
+            for (int64_t q = 0; q < groups; q++) {
+                Attention own = OWN(i);
+                int64_t first_task = (i * d->kv_heads + g) * ranges, own_ranges = (own.bounds[ranges] + RANGE_ROWS - 1) / RANGE_ROWS;
+                merge_ranges(&own, g, q, own_ranges, w->largest + first_task * groups, w->totals + first_task * groups,
+                             w->partial + first_task * groups * dim, w->mixed + i * shared->q_width);
+            }
+#undef OWN
+}
+
 /* One decoder layer over w->state. Its attention reads w->normed (n, layer->qkv.width), the
  * normed input the caller wrote there; keys and values go to the cache at `rows` first, then
  * token i attends to cache row first_row + s where visible[i * visible_stride + s], in the
- * ranges w planned from that. */
+ * ranges w planned from that; in span mode (span_first not NULL) to its own span of rows. */
 static int run_layer(const TandemDecoder *d, const TandemLayer *layer, int64_t n, const int64_t *positions,
                      const int64_t *rows, const uint8_t *visible, int64_t visible_stride, int64_t first_row,
-                     Work *w, int threads) {
+                     const int64_t *span_first, Work *w, int threads) {
     int64_t hidden = d->hidden, dim = d->head_dim, groups = d->heads / d->kv_heads;
     int64_t q_width = d->heads * dim, kv_width = d->kv_heads * dim, qkv_width = q_width + 2 * kv_width;
     LayerSteps steps = {d, layer, w};
@@ -693,24 +745,28 @@ static int run_layer(const TandemDecoder *d, const TandemLayer *layer, int64_t n
     {
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < n; i++) place_token(d, layer, w->wide + i * qkv_width, positions[i], rows[i]);
-        /* kv_heads x ranges tasks, each over all the tokens: a range's keys and values are read
-         * by one thread (splitting the tokens between threads as well measured 4% slower at 8) */
+        if (span_first != NULL) {
+            attend_spans(d, layer, &attention, span_first, w);
+        } else {
+            /* kv_heads x ranges tasks, each over all the tokens: a range's keys and values are read
+             * by one thread (splitting the tokens between threads as well measured 4% slower at 8) */
 #pragma omp for collapse(2) schedule(static)
-        for (int64_t g = 0; g < d->kv_heads; g++)
-            for (int64_t r = 0; r < ranges; r++) {
-                int64_t task = g * ranges + r;
-                float *scores = w->scores + queries * (g * w->scores_per_head + w->scores_at[r]);
-                int64_t begin = w->range_first[r], end = begin + w->range_rows[r];
-                attend_range(&attention, g, r, layer->keys + g * d->cache_rows * dim,
-                             layer->values + g * d->cache_rows * dim, begin, end, scores, w->largest + task * queries,
-                             w->totals + task * queries, w->partial + task * queries * dim,
-                             w->padded + omp_get_thread_num() * 16 * dim);
-            }
+            for (int64_t g = 0; g < d->kv_heads; g++)
+                for (int64_t r = 0; r < ranges; r++) {
+                    int64_t task = g * ranges + r;
+                    float *scores = w->scores + queries * (g * w->scores_per_head + w->scores_at[r]);
+                    int64_t begin = w->range_first[r], end = begin + w->range_rows[r];
+                    attend_range(&attention, g, r, layer->keys + g * d->cache_rows * dim,
+                                 layer->values + g * d->cache_rows * dim, begin, end, scores, w->largest + task * queries,
+                                 w->totals + task * queries, w->partial + task * queries * dim,
+                                 w->padded + omp_get_thread_num() * 16 * dim);
+                }
 #pragma omp for collapse(2) schedule(static)
-        for (int64_t g = 0; g < d->kv_heads; g++)
-            for (int64_t q = 0; q < queries; q++)
-                merge_ranges(&attention, g, q, ranges, w->largest + g * ranges * queries, w->totals + g * ranges * queries,
-                             w->partial + g * ranges * queries * dim, w->mixed);
+            for (int64_t g = 0; g < d->kv_heads; g++)
+                for (int64_t q = 0; q < queries; q++)
+                    merge_ranges(&attention, g, q, ranges, w->largest + g * ranges * queries, w->totals + g * ranges * queries,
+                                 w->partial + g * ranges * queries * dim, w->mixed);
+        }
     }
     if ((status = linear(&layer->output, w->mixed, n, w->update, NULL, NULL, threads))) return status;
 
@@ -732,6 +788,31 @@ static int finish(const TandemDecoder *d, int64_t n, int64_t wanted_from, Work *
     return wanted > 0 ? linear(&d->lm_head, w->normed, wanted, logits, NULL, NULL, threads) : TANDEM_OK;
 }
 
+/* The layers and the LM head over n tokens whose attention w was planned for (visible, or
+ * span_first in span mode); as tandem_decoder_forward describes. */
+static int decode(const TandemDecoder *d, int64_t n, const int64_t *ids, const int64_t *positions, const int64_t *rows,
+                  const uint8_t *visible, int64_t visible_stride, int64_t first_row, const int64_t *span_first,
+                  int64_t wanted_from, float *logits, float *final_hidden, const int64_t *feature_layers,
+                  int64_t feature_count, float *features, Work *w, int threads) {
+    int64_t hidden = d->hidden;
+    int status = TANDEM_OK;
+    for (int64_t i = 0; i < n; i++) {
+        const int8_t *row = d->embedding + ids[i] * hidden;
+        float scale = d->embedding_scale[ids[i]];
+        for (int64_t j = 0; j < hidden; j++) w->state[i * hidden + j] = (float)row[j] * scale;
+    }
+    for (int64_t index = 0; index < d->layers && status == TANDEM_OK; index++) {
+        const TandemLayer *layer = d->layer + index;
+        for (int64_t f = 0; f < feature_count; f++)
+            if (feature_layers[f] == index)
+                for (int64_t i = 0; i < n; i++)
+                    memcpy(features + (i * feature_count + f) * hidden, w->state + i * hidden, sizeof(float) * hidden);
+        for (int64_t i = 0; i < n; i++) rms_norm(w->state + i * hidden, layer->input_norm, hidden, d->eps, w->normed + i * hidden);
+        status = run_layer(d, layer, n, positions, rows, visible, visible_stride, first_row, span_first, w, threads);
+    }
+    return status == TANDEM_OK ? finish(d, n, wanted_from, w, logits, final_hidden, threads) : status;
+}
+
 /* The forward of n tokens. ids, positions, rows: (n,); token i writes its keys and values at
  * cache row rows[i] and sees cache row first_row + s where visible[i * visible_stride + s]
  * (s < slots). Writes logits (n - wanted_from, vocab) of the rows from wanted_from on, their
@@ -741,29 +822,49 @@ int tandem_decoder_forward(const TandemDecoder *d, int64_t n, const int64_t *ids
                            const int64_t *rows, const uint8_t *visible, int64_t visible_stride, int64_t first_row,
                            int64_t slots, int64_t wanted_from, float *logits, float *final_hidden,
                            const int64_t *feature_layers, int64_t feature_count, float *features, int threads) {
-    int64_t hidden = d->hidden;
     int status = check_tokens(d, n, ids, positions, rows, first_row, slots, wanted_from);
     if (status) return status;
     if (threads < 1) threads = 1;
     Work w;
-    if ((status = work_alloc(&w, d, n, visible, visible_stride, slots, hidden, threads))) return status;
-
-    for (int64_t i = 0; i < n; i++) {
-        const int8_t *row = d->embedding + ids[i] * hidden;
-        float scale = d->embedding_scale[ids[i]];
-        for (int64_t j = 0; j < hidden; j++) w.state[i * hidden + j] = (float)row[j] * scale;
-    }
-    for (int64_t index = 0; index < d->layers && status == TANDEM_OK; index++) {
-        const TandemLayer *layer = d->layer + index;
-        for (int64_t f = 0; f < feature_count; f++)
-            if (feature_layers[f] == index)
-                for (int64_t i = 0; i < n; i++)
-                    memcpy(features + (i * feature_count + f) * hidden, w.state + i * hidden, sizeof(float) * hidden);
-        for (int64_t i = 0; i < n; i++) rms_norm(w.state + i * hidden, layer->input_norm, hidden, d->eps, w.normed + i * hidden);
-        status = run_layer(d, layer, n, positions, rows, visible, visible_stride, first_row, &w, threads);
-    }
-    if (status == TANDEM_OK) status = finish(d, n, wanted_from, &w, logits, final_hidden, threads);
+    if ((status = work_alloc(&w, d, n, visible, visible_stride, slots, NULL, d->hidden, threads))) return status;
+    status = decode(d, n, ids, positions, rows, visible, visible_stride, first_row, NULL, wanted_from, logits,
+                    final_hidden, feature_layers, feature_count, features, &w, threads);
     work_free(&w);
+    return status;
+}
+
+/* The forward of n tokens of independent sequences at once (many replies written together,
+ * engine/tools/distill/native_batch.py): token i writes its keys and values at cache row
+ * rows[i] and sees the span_rows[i] rows from span_first[i], its own sequence's, up to and
+ * including its own row. The products run over all n tokens, the attention over each token's
+ * span alone; a token's logits are those tandem_decoder_forward gives it with the same rows
+ * visible, to the bit. Logits and features as there. */
+int tandem_decoder_forward_spans(const TandemDecoder *d, int64_t n, const int64_t *ids, const int64_t *positions,
+                                 const int64_t *rows, const int64_t *span_first, const int64_t *span_rows,
+                                 int64_t wanted_from, float *logits, const int64_t *feature_layers,
+                                 int64_t feature_count, float *features, int threads) {
+    int status = check_tokens(d, n, ids, positions, rows, 0, d->cache_rows, wanted_from);
+    if (status) return status;
+    int64_t longest = 1;
+    for (int64_t i = 0; i < n; i++) {
+        if (span_rows[i] < 1 || span_first[i] < 0 || span_first[i] + span_rows[i] > d->cache_rows ||
+            rows[i] < span_first[i] || rows[i] >= span_first[i] + span_rows[i])
+            return TANDEM_BAD_INPUT;
+        if (span_rows[i] > longest) longest = span_rows[i];
+    }
+    if (threads < 1) threads = 1;
+    uint8_t *all_seen = malloc(longest + 16); /* + a block's masked load past the end */
+    if (!all_seen) return TANDEM_NO_MEMORY;
+    memset(all_seen, 1, longest + 16);
+    Work w;
+    if ((status = work_alloc(&w, d, n, NULL, 0, 0, span_rows, d->hidden, threads))) {
+        free(all_seen);
+        return status;
+    }
+    status = decode(d, n, ids, positions, rows, all_seen, 0, 0, span_first, wanted_from, logits, NULL, feature_layers,
+                    feature_count, features, &w, threads);
+    work_free(&w);
+    free(all_seen);
     return status;
 }
 
@@ -784,7 +885,7 @@ int tandem_eagle3_forward(const TandemDecoder *d, const float *hidden_norm, int6
     if (d->layers != 1 || d->layer[0].qkv.width != 2 * hidden) return TANDEM_BAD_INPUT;
     if (threads < 1) threads = 1;
     Work w;
-    if ((status = work_alloc(&w, d, n, visible, visible_stride, slots, 2 * hidden, threads))) return status;
+    if ((status = work_alloc(&w, d, n, visible, visible_stride, slots, NULL, 2 * hidden, threads))) return status;
 
     const TandemLayer *layer = d->layer;
     float *embedding = w.update; /* free until the layer's first product */
@@ -796,7 +897,7 @@ int tandem_eagle3_forward(const TandemDecoder *d, const float *hidden_norm, int6
         rms_norm(embedding, layer->input_norm, hidden, d->eps, w.normed + i * 2 * hidden);
         rms_norm(inputs + i * hidden, hidden_norm, hidden, d->eps, w.normed + i * 2 * hidden + hidden);
     }
-    status = run_layer(d, layer, n, positions, rows, visible, visible_stride, first_row, &w, threads);
+    status = run_layer(d, layer, n, positions, rows, visible, visible_stride, first_row, NULL, &w, threads);
     if (status == TANDEM_OK) {
         memcpy(outputs, w.state, sizeof(float) * n * hidden);
         status = finish(d, n, wanted_from, &w, logits, NULL, threads);

@@ -337,6 +337,12 @@ def _declared(loaded: ctypes.CDLL) -> ctypes.CDLL:
         ctypes.c_void_p, ctypes.c_int,
     ]
     forward.restype = ctypes.c_int
+    spans = loaded.tandem_decoder_forward_spans
+    spans.argtypes = [
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,
+    ]
+    spans.restype = ctypes.c_int
     head = loaded.tandem_eagle3_forward
     head.argtypes = [
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,

@@ -222,9 +222,34 @@ class NativeForward:
             None if hidden is None else hidden.data_ptr(), self._features, len(self.feature_layers),
             None if features is None else features.data_ptr(), torch.get_num_threads(),
         )
-        if status == -1:
-            raise MemoryError("out of memory for the native forward's activations")
-        if status != 0:
-            raise ValueError("the native forward was given tokens, positions or cache rows outside the model's, "
-                             "or two tokens at one cache row")
+        _raise_for(status)
         return logits, hidden, features
+
+    def spans(
+        self, ids: list[int], positions: list[int], rows: list[int], span_first: list[int], span_rows: list[int],
+        wanted_from: int,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Tokens of independent sequences in one forward: token i at `positions[i]` writes cache
+        row `rows[i]` and sees the `span_rows[i]` rows from `span_first[i]` (its own sequence's,
+        its own row the last). Returns the logits of the tokens from `wanted_from` on and every
+        token's features (None when the forward records none). Many replies share each weight
+        pass this way (engine/tools/distill/native_batch.py)."""
+        count = len(ids)
+        buffers = [(ctypes.c_int64 * count)(*values) for values in (ids, positions, rows, span_first, span_rows)]
+        logits = torch.empty(count - wanted_from, self.vocab)
+        features = torch.empty(count, len(self.feature_layers) * self.hidden) if self.feature_layers else None
+        status = self.library.tandem_decoder_forward_spans(
+            ctypes.byref(self._decoder), count, *buffers, wanted_from, logits.data_ptr(), self._features,
+            len(self.feature_layers), None if features is None else features.data_ptr(), torch.get_num_threads(),
+        )
+        _raise_for(status)
+        return logits, features
+
+
+def _raise_for(status: int) -> None:
+    """The C forward's status as an exception (0: none)."""
+    if status == -1:
+        raise MemoryError("out of memory for the native forward's activations")
+    if status != 0:
+        raise ValueError("the native forward was given tokens, positions or cache rows outside the model's, "
+                         "or two tokens at one cache row")

@@ -142,3 +142,64 @@ def test_continuous_batching_on_llamacpp_writes_each_reply_as_one_sequence_alone
             assert not reply.stopped
     finally:
         weights.close()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_continuous_batching_on_the_native_forward_writes_each_reply_as_one_sequence_alone_would(temperature):
+    """More jobs than slots, prompts of different lengths (one past an attention range of 128
+    rows): every slot is reused, and every reply, greedy or sampled with its own generator,
+    equals the one the same int8 model writes for that prompt alone, token for token, with the
+    same stored log-probs: a reply does not depend on which others share its forwards."""
+    from engine.models import LoadedModel
+    from engine.runtime import int8_kernel
+    from engine.runtime.torch_static import StaticTorchRuntime
+    from engine.tools.distill.native_batch import NativeBatchWriter
+    from engine.tools.distill.replies import RunningReply, sample_next
+    from tests.engine.runtime.test_native_forward import VOCAB, int8_model
+
+    if int8_kernel.unavailable_reason() is not None:
+        pytest.skip("the int8 kernel cannot be built here")
+    model = int8_model("llama", 17)
+    target = LoadedModel(model, None, torch.device("cpu"), torch.float32, "int8-wo", "tiny int8", 256)
+    prompts = [[(7 * index + step) % VOCAB for step in range(3 + 9 * index)] for index in range(6)] + [list(range(60)) * 2 + [5] * 10]
+    new_tokens, stop = 12, frozenset({3})
+    writer = NativeBatchWriter(target, slots=3, sequence_tokens=160)
+    jobs = [Job(key, prompt, torch.Generator().manual_seed(key)) for key, prompt in enumerate(prompts)]
+    replies = {reply.key: reply for reply in writer.write(jobs, new_tokens, temperature, 4, stop)}
+    writer.close()
+    assert sorted(replies) == list(range(len(prompts)))
+
+    for key, prompt in enumerate(prompts):
+        runtime = StaticTorchRuntime(model, torch.device("cpu"), 160)
+        alone = RunningReply(Job(key, prompt, torch.Generator().manual_seed(key)), position=len(prompt))
+        logits = runtime.forward(prompt)
+        while True:
+            token = sample_next(logits[-1:], [alone], temperature, 4)[0]
+            alone.reply.append(token)
+            if token in stop or len(alone.reply) == new_tokens:
+                break
+            logits = runtime.forward([token])
+        reply = replies[key]
+        assert reply.reply_ids == alone.reply, key
+        assert torch.equal(reply.top_logprobs, torch.stack(alone.top_logprobs))
+        assert reply.stopped == (alone.reply[-1] in stop)
+    assert 0 < sum(reply.stopped for reply in replies.values()) < len(prompts)  # a slot freed early too
+
+
+def test_only_a_target_that_runs_natively_gets_the_native_writer():
+    from engine.models import LoadedModel
+    from engine.runtime import int8_kernel
+    from engine.tools.distill.native_batch import NativeBatchWriter, native_refusal
+    from tests.engine.runtime.test_native_forward import int8_model
+    from tests.engine.tiny_models import tiny_llama
+
+    if int8_kernel.unavailable_reason() is not None:
+        pytest.skip("the int8 kernel cannot be built here")
+    cpu = torch.device("cpu")
+    natively = LoadedModel(int8_model("llama", 18), None, cpu, torch.float32, "int8-wo", "int8", 64)
+    in_float = LoadedModel(tiny_llama(18), None, cpu, torch.float32, "fp32", "fp32", 64)
+    on_llamacpp = LoadedModel(None, None, cpu, None, "q8_0", "gguf", 64, runtime="llama.cpp", runtime_factory=lambda *a: None)
+    assert native_refusal(natively) is None
+    assert "int8" in native_refusal(in_float) and "llama.cpp" in native_refusal(on_llamacpp)
+    with pytest.raises(ValueError, match="cannot write fp32's replies"):
+        NativeBatchWriter(in_float, 2, 32)

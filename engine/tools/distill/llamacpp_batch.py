@@ -12,15 +12,11 @@ one-token steps costs ~140 ms at short contexts, and the demo draft's data run (
 the same CPU wrote ~250. F16 decodes faster than Q8_0 here (~15%) and holds a Q4/Q8 file's
 weights exactly.
 
-Sampling draws from the target's `SAMPLED_TOP_K` most likely tokens only: a softmax and a
-draw over the whole 49k-token vocabulary per row cost more than the decode itself here. At
-the temperatures used for data (0.7–1.0) those tokens hold all but a sliver of the
-probability; `Reply.sampled_mass` records how much, so the truncation is measured, not assumed.
+Each reply's next token is drawn as `replies.sample_next` draws it (from the target's top 64).
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,20 +26,9 @@ from ...errors import ModelLoadError, OutOfMemoryError
 from ...runtime.cpu import physical_cores
 from ...runtime.llamacpp import attention_kernel, load_weights
 from ...runtime.llamacpp_library import failure_reason, forget_log, library
-from .replies import Job, Reply
+from .replies import Job, Reply, RunningReply, finished_reply, sample_next
 
-SAMPLED_TOP_K = 64
 MIN_BATCH_TOKENS = 512
-
-
-@dataclass
-class _Running:
-    job: Job
-    position: int
-    reply: list[int] = field(default_factory=list)
-    top_ids: list[torch.Tensor] = field(default_factory=list)
-    top_logprobs: list[torch.Tensor] = field(default_factory=list)
-    mass: float = 0.0
 
 
 class LlamaCppBatchWriter:
@@ -106,7 +91,7 @@ class LlamaCppBatchWriter:
         longest_prompt = self.sequence_tokens - max_new_tokens
         waiting = iter(jobs)
         held: Job | None = None  # a job taken that did not fit the last prompt decode
-        running: dict[int, _Running] = {}
+        running: dict[int, RunningReply] = {}
         free = list(range(self.slots - 1, -1, -1))
         # Prompts are fed in decodes of their own: llama.cpp splits a batch whose sequences
         # bring different numbers of tokens into one sub-batch per shape, so a prompt mixed
@@ -130,7 +115,7 @@ class LlamaCppBatchWriter:
                         break
                     slot = free.pop()
                     self._llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
-                    running[slot] = _Running(job, position=len(job.prompt_ids))
+                    running[slot] = RunningReply(job, position=len(job.prompt_ids))
                     last = len(job.prompt_ids) - 1
                     prompts += [(token, index, slot, index == last) for index, token in enumerate(job.prompt_ids)]
             if not prompts and not steps:
@@ -146,13 +131,13 @@ class LlamaCppBatchWriter:
                 queued.sort(key=lambda entry: entry[2])
                 slots = self._decode(queued)
                 logits = torch.from_numpy(np.ctypeslib.as_array(self._llama.llama_get_logits(self._context), shape=(len(slots), self.vocab_size)))
-                for slot, token in zip(slots, self._sample(logits, [running[slot] for slot in slots], temperature, stored_top_k)):
+                for slot, token in zip(slots, sample_next(logits, [running[slot] for slot in slots], temperature, stored_top_k)):
                     state = running[slot]
                     state.reply.append(token)
                     if token in stop_ids or len(state.reply) == max_new_tokens:
                         del running[slot]
                         free.append(slot)
-                        yield _finished(state, stopped=token in stop_ids)
+                        yield finished_reply(state, stopped=token in stop_ids)
                     else:
                         following.append((token, state.position, slot, True))
                         state.position += 1
@@ -177,40 +162,3 @@ class LlamaCppBatchWriter:
         if status != 0:
             raise ModelLoadError(f"llama.cpp failed to run {self.weights.path.name} (llama_decode returned {status}).")
         return slots
-
-    @staticmethod
-    def _sample(logits: torch.Tensor, states: list[_Running], temperature: float, stored_top_k: int) -> list[int]:
-        """Record each row's top-k log-probs; draw its next token from the top SAMPLED_TOP_K."""
-        best = torch.topk(logits, max(SAMPLED_TOP_K, stored_top_k), dim=-1)
-        logprobs = best.values - torch.logsumexp(logits, dim=-1, keepdim=True)
-        if temperature > 0:
-            tempered = torch.softmax(best.values / temperature, dim=-1)
-            # what the candidates hold of the whole tempered distribution
-            mass = torch.exp(best.values / temperature - torch.logsumexp(logits / temperature, dim=-1, keepdim=True)).sum(-1)
-        tokens = []
-        for row, state in enumerate(states):
-            if temperature > 0:
-                pick = int(torch.multinomial(tempered[row], 1, generator=state.job.generator))
-                state.mass += float(mass[row])
-            else:
-                pick = 0
-                state.mass += 1.0
-            tokens.append(int(best.indices[row, pick]))
-            if stored_top_k:
-                state.top_ids.append(best.indices[row, :stored_top_k].to(torch.int32))
-                state.top_logprobs.append(logprobs[row, :stored_top_k].to(torch.float16))
-        return tokens
-
-
-def _finished(state: _Running, stopped: bool) -> Reply:
-    empty = torch.empty((len(state.reply), 0))
-    return Reply(
-        key=state.job.key,
-        prompt_ids=state.job.prompt_ids,
-        reply_ids=state.reply,
-        top_ids=torch.stack(state.top_ids) if state.top_ids else empty.to(torch.int32),
-        top_logprobs=torch.stack(state.top_logprobs) if state.top_logprobs else empty.to(torch.float16),
-        stopped=stopped,
-        sampled_mass=state.mass / max(len(state.reply), 1),
-    )
-

@@ -37,6 +37,7 @@ from ...runtime_choice import load_choice, placement
 from ...runtime import llamacpp_library, llamacpp_process
 from .data import GenerationSettings, TorchBatchWriter, generate_split, load_split, split_prompts
 from .llamacpp_batch import LlamaCppBatchWriter
+from .native_batch import NativeBatchWriter, native_refusal
 from .prompts import synthesize_prompts
 from .replies import ReplyWriter
 from .vocabulary import choose_vocabulary, coverage, in_model_ids
@@ -355,9 +356,15 @@ class Distillation:
         return (self.work_dir / DATA_DONE_FILE).exists()
 
     def _reply_writer(self, target: LoadedModel, message: Callable[[str], None]) -> ReplyWriter:
-        """Continuous batching on llama.cpp where the target has a GGUF file and runs on the
-        CPU (3× batched torch there); batched torch elsewhere (a GPU's batch is nearly free)."""
+        """Continuous batching on the native int8 forward where the target runs on it (the
+        replies chats would sample, 7.3× llama.cpp's batches here: docs/BENCHMARKS.md), else on
+        llama.cpp where the target has a GGUF file and runs on the CPU (3× batched torch
+        there); batched torch elsewhere (a GPU's batch is nearly free)."""
         generation = self.settings.generation
+        sequence_tokens = MAX_PROMPT_TOKENS + generation.max_new_tokens
+        if native_refusal(target) is None:
+            message(f"Writing replies with the native int8 forward, {generation.batch_size} at a time.")
+            return NativeBatchWriter(target, generation.batch_size, sequence_tokens)
         spec = ModelSpec(self.settings.target)
         # Not where llama.cpp must keep out of this process (llamacpp_process.wanted): the
         # batch writer drives llama.cpp here.
@@ -369,7 +376,7 @@ class Distillation:
         # F16 holds a Q4/Q8 file's weights exactly and batches faster than Q8_0 on a CPU.
         gguf = llamacpp_library.quantised_copy(gguf, "fp16")
         message(f"Writing replies with llama.cpp ({gguf.name}), {generation.batch_size} at a time.")
-        return LlamaCppBatchWriter(gguf, generation.batch_size, MAX_PROMPT_TOKENS + generation.max_new_tokens)
+        return LlamaCppBatchWriter(gguf, generation.batch_size, sequence_tokens)
 
     def _prompts(self, writer, target, should_stop, progress) -> list[str] | None:
         """The prompts file's prompts, then as many as asked for that the target wrote itself."""

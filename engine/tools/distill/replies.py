@@ -1,9 +1,10 @@
 """What a reply writer is given and gives back, whichever runtime writes the replies
-(`data.TorchBatchWriter`, `llamacpp_batch.LlamaCppBatchWriter`)."""
+(`data.TorchBatchWriter`, `llamacpp_batch.LlamaCppBatchWriter`, `native_batch.NativeBatchWriter`),
+and how the continuous-batching writers draw a running reply's next token."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -46,3 +47,59 @@ class ReplyWriter(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+# The continuous-batching writers draw from the target's SAMPLED_TOP_K most likely tokens
+# only: a softmax and a draw over the whole 49k-token vocabulary per row cost more than a
+# decode on the CPU. At the temperatures used for data (0.7-1.0) those tokens hold all but a
+# sliver of the probability; `Reply.sampled_mass` records how much.
+SAMPLED_TOP_K = 64
+
+
+@dataclass
+class RunningReply:
+    """A reply being written: its job, the position of its next token, what it has so far."""
+
+    job: Job
+    position: int
+    reply: list[int] = field(default_factory=list)
+    top_ids: list[torch.Tensor] = field(default_factory=list)
+    top_logprobs: list[torch.Tensor] = field(default_factory=list)
+    mass: float = 0.0
+
+
+def sample_next(logits: torch.Tensor, states: list[RunningReply], temperature: float, stored_top_k: int) -> list[int]:
+    """Each row's next token for its reply (row i: states[i]), drawn from the row's top
+    SAMPLED_TOP_K with the reply's own generator; records the row's top-k log-probs."""
+    best = torch.topk(logits, max(SAMPLED_TOP_K, stored_top_k), dim=-1)
+    logprobs = best.values - torch.logsumexp(logits, dim=-1, keepdim=True)
+    if temperature > 0:
+        tempered = torch.softmax(best.values / temperature, dim=-1)
+        # what the candidates hold of the whole tempered distribution
+        mass = torch.exp(best.values / temperature - torch.logsumexp(logits / temperature, dim=-1, keepdim=True)).sum(-1)
+    tokens = []
+    for row, state in enumerate(states):
+        if temperature > 0:
+            pick = int(torch.multinomial(tempered[row], 1, generator=state.job.generator))
+            state.mass += float(mass[row])
+        else:
+            pick = 0
+            state.mass += 1.0
+        tokens.append(int(best.indices[row, pick]))
+        if stored_top_k:
+            state.top_ids.append(best.indices[row, :stored_top_k].to(torch.int32))
+            state.top_logprobs.append(logprobs[row, :stored_top_k].to(torch.float16))
+    return tokens
+
+
+def finished_reply(state: RunningReply, stopped: bool) -> Reply:
+    empty = torch.empty((len(state.reply), 0))
+    return Reply(
+        key=state.job.key,
+        prompt_ids=state.job.prompt_ids,
+        reply_ids=state.reply,
+        top_ids=torch.stack(state.top_ids) if state.top_ids else empty.to(torch.int32),
+        top_logprobs=torch.stack(state.top_logprobs) if state.top_logprobs else empty.to(torch.float16),
+        stopped=stopped,
+        sampled_mass=state.mass / max(len(state.reply), 1),
+    )

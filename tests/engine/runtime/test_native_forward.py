@@ -20,7 +20,7 @@ from engine.runtime.int8_weights import quantise_weight_only
 from engine.runtime import native_forward
 from engine.runtime.native_forward import NATIVE_NAME, PROMPT_ROWS, NativeForward, refusal
 from engine.runtime.torch_load import torch_runtime_factory, torch_runtime_name
-from engine.runtime.torch_static import StaticTorchRuntime
+from engine.runtime.torch_static import StaticCacheForward, StaticTorchRuntime
 from engine.tree import forward_tree, keep_path
 
 from .test_torch_static import converse, random_tree
@@ -296,3 +296,49 @@ def test_the_forwards_exponential_is_within_two_ulp_of_the_true_one(each_build):
     out = torch.empty_like(specials)
     library.tandem_exp(specials.data_ptr(), specials.numel(), out.data_ptr())
     assert out[0] == 0 and out[1] == float("inf") and out[2].isnan() and out[3] == 0 and out[4] == float("inf")
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "llama-96-wide-heads"])
+def test_independent_sequences_in_one_forward_get_the_bits_each_gets_alone(kind, each_build):
+    """Many replies share each weight pass (the distillation writer): a prompt, its first
+    token and the steps of other sequences in one forward, each token attending over its own
+    sequence's rows only. Every token's logits and features equal those of a runtime that
+    holds its sequence alone, to the bit, across a range border (128 rows) too."""
+    model = int8_model(kind, 15)
+    rng = random.Random(15)
+    region, layers = 200, (0, 2)
+    batched = NativeForward(StaticCacheForward(model, 4 * region, torch.device("cpu"), layers))
+    alone = [StaticTorchRuntime(model, torch.device("cpu"), region, feature_layers=layers) for _ in range(4)]
+    sequences: list[list[int]] = [[] for _ in range(4)]
+    # (sequence, new tokens) per forward: prompts beside steps, one sequence left out a round
+    rounds = [[(0, 5), (1, 131)], [(0, 1), (1, 1), (2, 37)], [(1, 1), (2, 1), (3, 126)], [(0, 1), (2, 1), (3, 1)],
+              [(0, 1), (1, 1), (2, 1), (3, 1)], [(3, 1), (1, 1)]]
+    for forward in rounds:
+        ids, positions, rows, first, seen, owners = [], [], [], [], [], []
+        for sequence, count in forward:
+            for _ in range(count):
+                position = len(sequences[sequence])
+                token = rng.randrange(VOCAB)
+                sequences[sequence].append(token)
+                ids.append(token), positions.append(position), rows.append(sequence * region + position)
+                first.append(sequence * region), seen.append(position + 1), owners.append(sequence)
+        logits, features = batched.spans(ids, positions, rows, first, seen, wanted_from=0)
+        at = 0
+        for sequence, count in forward:
+            runtime = alone[sequence]
+            expected = runtime.forward(sequences[sequence][len(runtime):], logits_wanted=count)
+            assert torch.equal(logits[at : at + count], expected), (sequence, count)
+            assert torch.equal(features[at : at + count], runtime.features[len(runtime) - count : len(runtime)])
+            at += count
+    assert all(runtime.native is not None for runtime in alone) and max(map(len, sequences)) > 128
+
+
+def test_a_token_outside_its_own_span_is_refused():
+    model = int8_model("llama", 16)
+    batched = NativeForward(StaticCacheForward(model, 100, torch.device("cpu")))
+    with pytest.raises(ValueError):  # its row past its span
+        batched.spans([1], [3], [4], [0], [4], wanted_from=0)
+    with pytest.raises(ValueError):  # a span past the cache
+        batched.spans([1], [3], [99], [96], [5], wanted_from=0)
+    logits, features = batched.spans([1, 2], [0, 0], [0, 50], [0, 50], [1, 1], wanted_from=1)
+    assert logits.shape == (1, VOCAB) and features is None
