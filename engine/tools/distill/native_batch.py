@@ -40,19 +40,24 @@ def native_refusal(target: LoadedModel) -> str | None:
 
 
 class NativeBatchWriter:
-    """Up to `slots` replies of up to `sequence_tokens` tokens (prompt included) at once."""
+    """Up to `slots` replies of up to `sequence_tokens` tokens (prompt included) at once;
+    `owns_target`: closing the writer closes the target too."""
 
-    def __init__(self, target: LoadedModel, slots: int, sequence_tokens: int):
+    def __init__(self, target: LoadedModel, slots: int, sequence_tokens: int, owns_target: bool = False):
         reason = native_refusal(target)
         if reason is not None:
             raise ValueError(f"the native forward cannot write {target.label}'s replies: {reason}")
         self.slots = slots
         self.sequence_tokens = sequence_tokens
+        self._target = target if owns_target else None
         # float32 keys and values for every slot: rows the replies never reach stay untouched pages
         self._forward: NativeForward | None = native_forward(StaticCacheForward(target.model, slots * sequence_tokens, target.device))
 
     def close(self) -> None:
         self._forward = None  # the cache is freed with it
+        if self._target is not None:
+            self._target.close()
+            self._target = None
 
     def write(
         self,

@@ -362,9 +362,13 @@ class Distillation:
         there); batched torch elsewhere (a GPU's batch is nearly free)."""
         generation = self.settings.generation
         sequence_tokens = MAX_PROMPT_TOKENS + generation.max_new_tokens
-        if native_refusal(target) is None:
-            message(f"Writing replies with the native int8 forward, {generation.batch_size} at a time.")
-            return NativeBatchWriter(target, generation.batch_size, sequence_tokens)
+        if target.device.type == "cpu":
+            # `target` is the bf16 model training reads; replies come from the one chats run
+            placed = _chat_placed(self.settings.target)
+            if native_refusal(placed) is None:
+                message(f"Writing replies with the native int8 forward, {generation.batch_size} at a time.")
+                return NativeBatchWriter(placed, generation.batch_size, sequence_tokens, owns_target=True)
+            placed.close()
         spec = ModelSpec(self.settings.target)
         # Not where llama.cpp must keep out of this process (llamacpp_process.wanted): the
         # batch writer drives llama.cpp here.
