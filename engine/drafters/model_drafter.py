@@ -9,7 +9,8 @@ import torch
 
 from ..runtime import ModelRuntime
 from ..sampling import Sampler, best_token
-from .base import ChainDrafter, Proposal
+from .base import ChainDrafter, Proposal, RoundOutcome
+from .chain_length import ChainLength
 
 
 class StopRule(Protocol):
@@ -27,9 +28,12 @@ class ModelDrafter(ChainDrafter):
 
     def __init__(
         self, draft: ModelRuntime, target_vocab_size: int, draft_tokens: int,
-        stop_rule: Callable[[Sampler], StopRule] | None = None,
+        stop_rule: Callable[[Sampler], StopRule] | None = None, measured_length: bool = False,
     ):
+        """`measured_length`: each chain is as long as what rounds cost and kept here says pays
+        (chain_length.py), at most `draft_tokens`; else always `draft_tokens` long."""
         super().__init__(draft_tokens)
+        self.length = ChainLength(draft_tokens) if measured_length else None
         self.draft = draft
         # Embedding tables are often padded past the tokenizer; verification works on the
         # target's vocabulary, so draft logits are cut or padded to its width.
@@ -43,6 +47,8 @@ class ModelDrafter(ChainDrafter):
     def propose_chain(self, context: list[int], max_tokens: int, sampler: Sampler) -> Proposal:
         if not self.draft.ready_for(context):  # an EAGLE-3 head before the target has read the prompt
             return Proposal.chain(context, [])
+        if self.length is not None:
+            max_tokens = min(max_tokens, self.length.choose())
         calls_before = self.draft.forward_calls
         stop = self.stop_rule(sampler) if self.stop_rule is not None else None
         logits = fit_vocab(self.draft.logits_for(context)[-1], self.vocab_size)  # (V,)
@@ -64,8 +70,18 @@ class ModelDrafter(ChainDrafter):
             draft_calls=self.draft.forward_calls - calls_before, unchecked=stop.unchecked if stop is not None else 0,
         )
 
+    def observe(self, outcome: RoundOutcome) -> None:
+        if self.length is not None and outcome.target_called and outcome.proposed:
+            self.length.record(outcome.proposed, outcome.accepted, outcome.draft_calls, outcome.draft_s,
+                               outcome.target_tokens, outcome.target_s)
+
     def reset(self) -> None:
         self.draft.reset()
+
+    def explain(self) -> str:
+        if self.length is None or self.length.draft_call_seconds is None:
+            return ""
+        return f"chains of {self.length.length}, the length measured fastest here"
 
 
 def draft_distribution(logits: torch.Tensor, sampler: Sampler) -> torch.Tensor:

@@ -1,0 +1,98 @@
+"""How many tokens a chain drafts each round, chosen from what its rounds have cost and kept
+on this machine (`auto`'s chains).
+
+Why: on the 2-core CPU the demo pair's EAGLE-3 head kept its first token 55% of the time and
+its second 27%; a call of the head cost ~1 ms against a ~6.5 ms step, and a verify of k + 1
+tokens a little more than a step. Its chains of 1 and 2 tokens ran 1.12× and 1.14× plain
+decoding, where chains of 4 ran 1.02× (docs/BENCHMARKS.md). On a GPU, where a verify of many
+tokens costs what one does, longer chains pay. So the length is measured, not fixed: the
+length k of the next chain maximises expected tokens per second,
+(1 + reach(1) + ... + reach(k)) / (k × draft call + verify(k + 1)), where reach(d) is the
+chance that a chain keeps its d-th token, from the kept share at each depth. Every
+EXPLORE_EVERY rounds one chain is a token longer (or shorter) than the choice, so the costs and
+acceptance beside it stay measured and a conversation that drafts better is noticed.
+Verification is untouched: the length only decides how many tokens the target checks.
+"""
+from __future__ import annotations
+
+SMOOTHING = 0.2  # weight of the newest round in the running averages of costs
+EXPLORE_EVERY = 8  # rounds
+
+
+class ChainLength:
+    """The next chain's length, between 1 and `most`."""
+
+    def __init__(self, most: int):
+        self.most = max(1, most)
+        # Per depth d (index d): rounds whose chain drafted a d-th token after keeping the ones
+        # before it (`tried`), and of those the rounds that kept it (`kept`).
+        self.tried = [0] * (self.most + 1)
+        self.kept = [0] * (self.most + 1)
+        self.draft_call_seconds: float | None = None
+        self.verify_seconds: dict[int, float] = {}  # by tokens the target's forward ran
+        self.rounds = 0
+        self.length = self.most  # until measured: the longest, so every depth gets tried
+
+    def keep_chance(self, depth: int) -> float:
+        """Chance that a chain keeps its `depth`-th token once it kept the ones before; an
+        untried depth is as likely as the one before it."""
+        if depth <= 1 and not self.tried[1]:
+            return 0.5
+        if not self.tried[depth]:
+            return self.keep_chance(depth - 1)
+        return (self.kept[depth] + 0.5) / (self.tried[depth] + 1.0)
+
+    def verify_cost(self, tokens: int) -> float | None:
+        """Seconds of a verify of `tokens` tokens: measured, or the nearest measured size's
+        cost extended by the slope of the measured curve (flat when one size is known)."""
+        if tokens in self.verify_seconds:
+            return self.verify_seconds[tokens]
+        sizes = sorted(self.verify_seconds)
+        if not sizes:
+            return None
+        nearest = min(sizes, key=lambda size: abs(size - tokens))
+        slope = 0.0
+        if len(sizes) >= 2:
+            slope = max((self.verify_seconds[sizes[-1]] - self.verify_seconds[sizes[0]]) / (sizes[-1] - sizes[0]), 0.0)
+        return max(self.verify_seconds[nearest] + slope * (tokens - nearest), min(self.verify_seconds.values()))
+
+    def choose(self) -> int:
+        """The next chain's length."""
+        self.rounds += 1
+        if self.draft_call_seconds is None or not self.verify_seconds:
+            return self.length
+        best, best_rate, expected, reach = 1, 0.0, 1.0, 1.0
+        for length in range(1, self.most + 1):
+            reach *= self.keep_chance(length)
+            expected += reach
+            rate = expected / (length * self.draft_call_seconds + self.verify_cost(length + 1))
+            if rate > best_rate:
+                best, best_rate = length, rate
+        self.length = best
+        if self.rounds % EXPLORE_EVERY == 0:
+            # one token longer where it can be, else shorter: the neighbour's figures stay fresh
+            return best + 1 if best < self.most else max(best - 1, 1)
+        return best
+
+    def record(self, drafted: int, kept: int, draft_calls: int, draft_seconds: float, verify_tokens: int,
+               verify_seconds: float) -> None:
+        """A verified round: it drafted `drafted` tokens and the target kept the first `kept`."""
+        for depth in range(1, min(drafted, kept + 1, self.most) + 1):
+            self.tried[depth] += 1
+            self.kept[depth] += depth <= kept
+        if draft_calls:
+            self.draft_call_seconds = _blend(self.draft_call_seconds, draft_seconds / draft_calls)
+        if 0 < verify_tokens <= self.most + 1:  # not a round that also read a prompt
+            self.verify_seconds[verify_tokens] = _blend(self.verify_seconds.get(verify_tokens), verify_seconds)
+
+    def describe(self) -> dict:
+        return {
+            "length": self.length,
+            "draft_call_ms": self.draft_call_seconds * 1000 if self.draft_call_seconds else None,
+            "verify_ms_by_tokens": {size: seconds * 1000 for size, seconds in sorted(self.verify_seconds.items())},
+            "keep_chance_by_depth": [round(self.keep_chance(depth), 3) for depth in range(1, self.most + 1)],
+        }
+
+
+def _blend(old: float | None, new: float) -> float:
+    return new if old is None else (1 - SMOOTHING) * old + SMOOTHING * new

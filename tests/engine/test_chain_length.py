@@ -1,0 +1,60 @@
+"""The length of `auto`'s chains, chosen from measured costs and acceptance."""
+from __future__ import annotations
+
+import random
+
+from engine.drafters.chain_length import EXPLORE_EVERY, ChainLength
+
+
+def run_rounds(length: ChainLength, keep_chance: float, call_s: float, verify_s, rounds: int, seed: int = 0) -> list[int]:
+    """Rounds of a draft that keeps each token with `keep_chance` (once it kept the ones
+    before), whose calls cost `call_s` and whose verify of n tokens costs verify_s(n)."""
+    rng = random.Random(seed)
+    chosen = []
+    for _ in range(rounds):
+        drafted = length.choose()
+        chosen.append(drafted)
+        kept = 0
+        while kept < drafted and rng.random() < keep_chance:
+            kept += 1
+        length.record(drafted, kept, drafted, drafted * call_s, drafted + 1, verify_s(drafted + 1))
+    return chosen
+
+
+def test_a_costly_verify_and_a_weak_draft_make_short_chains():
+    """The demo pair on the 2-core CPU: a head call ~1 ms, a step ~6.5 ms, each verified token
+    ~0.4 ms more, the first token kept ~55% of the time."""
+    length = ChainLength(6)
+    chosen = run_rounds(length, 0.5, 0.001, lambda n: 0.0065 + 0.0004 * n, 400)
+    assert chosen[0] == 6  # until measured, the longest: every depth gets tried
+    settled = [c for i, c in enumerate(chosen[200:], start=201) if i % EXPLORE_EVERY]
+    assert max(settled) <= 2 and length.length <= 2
+
+
+def test_a_flat_verify_and_a_strong_draft_make_the_longest_chains():
+    """A GPU: verifying 8 tokens costs what 1 does, and the draft is mostly right."""
+    length = ChainLength(6)
+    run_rounds(length, 0.9, 0.0005, lambda n: 0.003, 200)
+    assert length.length == 6
+
+
+def test_a_draft_that_gets_better_makes_chains_longer():
+    length = ChainLength(6)
+    run_rounds(length, 0.3, 0.001, lambda n: 0.0065 + 0.0004 * n, 200)
+    short = length.length
+    run_rounds(length, 0.95, 0.001, lambda n: 0.0065 + 0.0004 * n, 400, seed=1)
+    assert short == 1 and length.length >= 4
+
+
+def test_every_few_rounds_a_neighbouring_length_is_measured():
+    length = ChainLength(6)
+    chosen = run_rounds(length, 0.5, 0.001, lambda n: 0.0065 + 0.0004 * n, 8 * EXPLORE_EVERY)
+    explored = {chosen[i - 1] for i in range(EXPLORE_EVERY, len(chosen) + 1, EXPLORE_EVERY)}
+    assert explored - {length.length}  # a length beside the choice was tried
+    assert len(length.verify_seconds) >= 2
+
+
+def test_rounds_that_read_a_prompt_leave_the_verify_costs_alone():
+    length = ChainLength(4)
+    length.record(2, 1, 2, 0.002, 300, 0.2)  # the target read a 298-token prompt with the chain
+    assert length.verify_seconds == {}
