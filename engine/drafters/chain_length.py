@@ -85,14 +85,6 @@ class ChainLength:
         if 0 < verify_tokens <= self.most + 1:  # not a round that also read a prompt
             self.verify_seconds[verify_tokens] = _blend(self.verify_seconds.get(verify_tokens), verify_seconds)
 
-    def describe(self) -> dict:
-        return {
-            "length": self.length,
-            "draft_call_ms": self.draft_call_seconds * 1000 if self.draft_call_seconds else None,
-            "verify_ms_by_tokens": {size: seconds * 1000 for size, seconds in sorted(self.verify_seconds.items())},
-            "keep_chance_by_depth": [round(self.keep_chance(depth), 3) for depth in range(1, self.most + 1)],
-        }
-
 
 def _blend(old: float | None, new: float) -> float:
     return new if old is None else (1 - SMOOTHING) * old + SMOOTHING * new

@@ -78,11 +78,6 @@ class ModelDrafter(ChainDrafter):
     def reset(self) -> None:
         self.draft.reset()
 
-    def explain(self) -> str:
-        if self.length is None or self.length.draft_call_seconds is None:
-            return ""
-        return f"chains of {self.length.length}, the length measured fastest here"
-
 
 def draft_distribution(logits: torch.Tensor, sampler: Sampler) -> torch.Tensor:
     """(V,) logits -> the distribution the draft draws from; when greedy (a point mass on the

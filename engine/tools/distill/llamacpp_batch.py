@@ -26,7 +26,7 @@ from ...errors import ModelLoadError, OutOfMemoryError
 from ...runtime.cpu import physical_cores
 from ...runtime.llamacpp import attention_kernel, load_weights
 from ...runtime.llamacpp_library import failure_reason, forget_log, library
-from .replies import Job, Reply, RunningReply, finished_reply, sample_next
+from .replies import Job, Reply, RunningReply, check_prompt_fits, sample_next
 
 MIN_BATCH_TOKENS = 512
 
@@ -88,7 +88,6 @@ class LlamaCppBatchWriter:
             torch.set_num_threads(threads)
 
     def _write(self, jobs, max_new_tokens, temperature, stored_top_k, stop_ids, should_stop) -> Iterator[Reply]:
-        longest_prompt = self.sequence_tokens - max_new_tokens
         waiting = iter(jobs)
         held: Job | None = None  # a job taken that did not fit the last prompt decode
         running: dict[int, RunningReply] = {}
@@ -108,8 +107,7 @@ class LlamaCppBatchWriter:
                     if job is None:
                         exhausted = True
                         break
-                    if not 0 < len(job.prompt_ids) <= longest_prompt:
-                        raise ValueError(f"a prompt of {len(job.prompt_ids)} tokens does not fit a {self.sequence_tokens}-token sequence with {max_new_tokens} new tokens")
+                    check_prompt_fits(job.prompt_ids, self.sequence_tokens, max_new_tokens)
                     if len(prompts) + len(job.prompt_ids) > self.batch_tokens:
                         held = job  # it starts in the next prompt decode
                         break
@@ -133,11 +131,11 @@ class LlamaCppBatchWriter:
                 logits = torch.from_numpy(np.ctypeslib.as_array(self._llama.llama_get_logits(self._context), shape=(len(slots), self.vocab_size)))
                 for slot, token in zip(slots, sample_next(logits, [running[slot] for slot in slots], temperature, stored_top_k)):
                     state = running[slot]
-                    state.reply.append(token)
-                    if token in stop_ids or len(state.reply) == max_new_tokens:
+                    finished = state.add(token, stop_ids, max_new_tokens)
+                    if finished is not None:
                         del running[slot]
                         free.append(slot)
-                        yield finished_reply(state, stopped=token in stop_ids)
+                        yield finished
                     else:
                         following.append((token, state.position, slot, True))
                         state.position += 1

@@ -25,7 +25,7 @@ import torch
 from ...models import LoadedModel
 from ...runtime.native_forward import NativeForward, native_forward, refusal
 from ...runtime.torch_static import StaticCacheForward
-from .replies import Job, Reply, RunningReply, finished_reply, sample_next
+from .replies import Job, Reply, RunningReply, check_prompt_fits, sample_next
 
 # Prompt tokens one forward takes beside the running replies' steps: a forward of many more
 # tokens than slots keeps every running reply waiting on prompts.
@@ -71,7 +71,6 @@ class NativeBatchWriter:
         """Yield each job's reply as it ends. Stopping drops the replies still running."""
         if self._forward is None:
             raise ValueError("this reply writer was closed")
-        longest_prompt = self.sequence_tokens - max_new_tokens
         waiting = iter(jobs)
         running: dict[int, RunningReply] = {}
         free = list(range(self.slots - 1, -1, -1))
@@ -83,8 +82,7 @@ class NativeBatchWriter:
                 job = next(waiting, None)
                 if job is None:
                     break
-                if not 0 < len(job.prompt_ids) <= longest_prompt:
-                    raise ValueError(f"a prompt of {len(job.prompt_ids)} tokens does not fit a {self.sequence_tokens}-token sequence with {max_new_tokens} new tokens")
+                check_prompt_fits(job.prompt_ids, self.sequence_tokens, max_new_tokens)
                 slot = free.pop()
                 running[slot] = RunningReply(job, position=len(job.prompt_ids))
                 starting.append(slot)
@@ -96,12 +94,11 @@ class NativeBatchWriter:
             wanted_slots, logits = self._forward_once(starting, steps, running)
             following = []
             for slot, token in zip(wanted_slots, sample_next(logits, [running[slot] for slot in wanted_slots], temperature, stored_top_k)):
-                state = running[slot]
-                state.reply.append(token)
-                if token in stop_ids or len(state.reply) == max_new_tokens:
+                finished = running[slot].add(token, stop_ids, max_new_tokens)
+                if finished is not None:
                     del running[slot]
                     free.append(slot)
-                    yield finished_reply(state, stopped=token in stop_ids)
+                    yield finished
                 else:
                     following.append((slot, token))
             steps = following

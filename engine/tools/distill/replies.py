@@ -67,6 +67,18 @@ class RunningReply:
     top_logprobs: list[torch.Tensor] = field(default_factory=list)
     mass: float = 0.0
 
+    def add(self, token: int, stop_ids: frozenset[int], max_new_tokens: int) -> Reply | None:
+        """Append the next token; the finished reply when it ended the reply, else None."""
+        self.reply.append(token)
+        if token in stop_ids or len(self.reply) == max_new_tokens:
+            return finished_reply(self, stopped=token in stop_ids)
+        return None
+
+
+def check_prompt_fits(prompt_ids: list[int], sequence_tokens: int, max_new_tokens: int) -> None:
+    if not 0 < len(prompt_ids) <= sequence_tokens - max_new_tokens:
+        raise ValueError(f"a prompt of {len(prompt_ids)} tokens does not fit a {sequence_tokens}-token sequence with {max_new_tokens} new tokens")
+
 
 def sample_next(logits: torch.Tensor, states: list[RunningReply], temperature: float, stored_top_k: int) -> list[int]:
     """Each row's next token for its reply (row i: states[i]), drawn from the row's top
