@@ -9,8 +9,7 @@ come back to this executable as hidden arguments.
 import sys
 
 from app.qt_platform import BUNDLE_PROBE_ARGUMENT, open_gui_platform
-from engine.runtime.llamacpp_worker import WORKER_ARGUMENT
-from engine.runtime.llamacpp_worker import main as run_llamacpp_worker
+from engine.runtime.llamacpp_worker_start import WORKER_ARGUMENT, run_worker as run_llamacpp_worker
 
 if __name__ == "__main__":
     if sys.argv[1:] == [BUNDLE_PROBE_ARGUMENT]:

@@ -72,7 +72,7 @@ def load_weights(path: Path, use_gpu: bool) -> LlamaCppWeights:
         raise ModelLoadError(f"Model file not found: {path}")
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = -1 if use_gpu and llama_cpp.llama_supports_gpu_offload() else 0
-    if repacking_crashes():
+    if repacking_crashes() and params.n_gpu_layers == 0:  # offloaded, the CPU keeps no matmul weight
         params.use_extra_bufts = False
     forget_log()
     handle = llama_cpp.llama_model_load_from_file(str(path).encode(), params)

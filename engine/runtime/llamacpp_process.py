@@ -1,19 +1,22 @@
 """llama.cpp in a worker process: GGUF models on a GPU next to CUDA torch.
 
 A CUDA build of llama.cpp and CUDA torch each bring their own CUDA runtime and libraries;
-in one process the two have crashed (issue 21). A worker that never imports torch
-(`llamacpp_worker`) keeps them apart: it loads the model, and the `LlamaCppRuntime` here
-drives its contexts as it drives one of its own, so every algorithm runs unchanged.
+in one process the two have crashed (issue 21). And a CUDA build of llama.cpp segfaults
+loading any model in a process that imported numpy before it (H100, 2026-11-27), as this
+one always has. A worker that never imports torch and loads llama.cpp before numpy
+(`llamacpp_worker_start`, `llamacpp_worker`) keeps them apart: it loads the model, and the
+`LlamaCppRuntime` here drives its contexts as it drives one of its own, so every algorithm
+runs unchanged.
 
 What it costs per call: one small pickled request and reply over a socket, and one copy of
 the outputs out of a file both processes map (logits never go through the socket). The
 worker does everything else as the in-process runtime does, on the same code
 (`llamacpp_context`). docs/BENCHMARKS.md has the measured overhead.
 
-`wanted()` decides: where the installed llama.cpp has a CUDA or ROCm backend of its own and
-this process's torch has CUDA, every GGUF model runs in a worker (even one meant for the
-CPU: loading the library is enough to clash); everywhere else llama.cpp runs here, as
-before. TANDEM_LLAMACPP_PROCESS=1 or 0 forces it.
+`wanted()` decides: where the installed llama.cpp has a CUDA or ROCm backend of its own,
+every GGUF model runs in a worker (even one meant for the CPU: loading the library here is
+what crashes); with pip's CPU build llama.cpp runs here, as before.
+TANDEM_LLAMACPP_PROCESS=1 or 0 forces it.
 """
 from __future__ import annotations
 
@@ -37,26 +40,23 @@ import numpy as np
 from .. import errors
 from ..errors import ModelLoadError, OutOfMemoryError
 from .llamacpp_context import DecodeOutputs, GgufFacts
-from .llamacpp_worker import FACT_NAMES, WORKER_ARGUMENT
+from .llamacpp_worker import FACT_NAMES
+from .llamacpp_worker_start import WORKER_ARGUMENT
 
 PROCESS_VARIABLE = "TANDEM_LLAMACPP_PROCESS"
 _ENGINE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds the `engine` package
 
 
 def wanted() -> bool:
-    """Whether llama.cpp should run in worker processes rather than in this one: where its
-    GPU backend and CUDA torch would share this process (see the module's note). Never on
-    Windows, where a worker cannot inherit the socket and shared file this one uses."""
+    """Whether llama.cpp should run in worker processes rather than in this one: wherever
+    it has a GPU backend (see the module's note). Never on Windows, where a worker cannot
+    inherit the socket and shared file this one uses."""
     chosen = os.environ.get(PROCESS_VARIABLE, "")
     if sys.platform == "win32":
         return False
     if chosen in ("0", "1"):
         return chosen == "1"
-    if not gpu_build():
-        return False
-    import torch
-
-    return torch.cuda.is_available()
+    return gpu_build()
 
 
 #: the backend libraries of a llama.cpp build that brings CUDA (or ROCm) libraries of its own
@@ -338,7 +338,7 @@ def _worker_command(socket_descriptor: int, buffer_descriptor: int) -> list[str]
     if getattr(sys, "frozen", False):  # the bundle's executable is Tandem, not Python
         return [sys.executable, WORKER_ARGUMENT, *descriptors]
     # -P: the current folder stays off the import path, so no `engine` there can stand in.
-    return [sys.executable, "-P", "-m", "engine.runtime.llamacpp_worker", *descriptors]
+    return [sys.executable, "-P", "-m", "engine.runtime.llamacpp_worker_start", *descriptors]
 
 
 def _worker_error(kind: str, message: str) -> Exception:

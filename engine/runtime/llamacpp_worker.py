@@ -3,11 +3,10 @@
 never imports torch (nor anything that does), which is the point: llama.cpp's CUDA
 libraries and torch's own never meet in one process.
 
-Started as `python -P -m engine.runtime.llamacpp_worker SOCKET BUFFER` (or, in the frozen
-bundle, as the executable with `WORKER_ARGUMENT` first), with two inherited file
-descriptors: a socket for requests and replies (small pickled tuples), and a shared file
-that both sides map, where a run writes its logits, hidden states and features so that
-megabytes of floats never go through the socket.
+Started by `llamacpp_worker_start` (llama.cpp's libraries before numpy's), with two
+inherited file descriptors: a socket for requests and replies (small pickled tuples), and a
+shared file that both sides map, where a run writes its logits, hidden states and features
+so that megabytes of floats never go through the socket.
 
 Requests, each answered once, both with the number the parent gave the request first (errors
 as ("error", kind, message)):
@@ -23,13 +22,10 @@ from __future__ import annotations
 
 import mmap
 import signal
-import sys
 from pathlib import Path
 from multiprocessing.connection import Connection
 
 import numpy as np
-
-WORKER_ARGUMENT = "--tandem-llamacpp-worker"  # how the frozen bundle's executable is told
 
 
 class SharedBuffer:
@@ -131,6 +127,3 @@ def main(arguments: list[str]) -> int:
     serve(Connection(socket_descriptor), SharedBuffer(buffer_descriptor))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -308,6 +308,8 @@ def machine_description(pair: LoadedPair) -> dict:
     }
     if device_name(device):
         description["gpu"] = device_name(device)
+    elif pair.target.gpu_layers:  # llama.cpp's GPU: torch's first, or unnamed where torch has no CUDA
+        description["gpu"] = device_name(torch.device("cuda", 0)) if torch.cuda.is_available() else "llama.cpp's GPU"
     elif pair.target.model is not None:  # a torch target on the CPU: which int8 products it runs
         description["int8_kernel"] = int8_kernel.variant_name() or f"none, oneDNN's _int_mm ({int8_kernel.unavailable_reason()})"
         if int8_kernel.use_amx():

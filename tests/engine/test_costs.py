@@ -61,3 +61,19 @@ def test_recorded_costs_and_predictions_for_another_device(make_word_tokenizer):
     assert ar["predicted_tokens_per_s"] > 0 and ar["predicted_speedup_vs_ar"] == pytest.approx(1.0)
     assert chain["predicted_tokens_per_s"] > 0
     assert "pred Test GPU" in format_table(report) and "re-timed with the cost table of Test GPU" in format_table(report)
+
+
+def test_a_llamacpp_target_offloaded_to_a_gpu_is_reported_on_it(monkeypatch):
+    """The report names the GPU that llama.cpp offloads to, though torch's device is the CPU
+    (the cost table recorded there is that GPU's, not the processor's)."""
+    import types
+
+    import torch
+
+    from engine.tools.bench import machine_description
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    target = types.SimpleNamespace(device=torch.device("cpu"), gpu_layers=-1, model=None)
+    assert machine_description(types.SimpleNamespace(target=target))["gpu"] == "llama.cpp's GPU"
+    target.gpu_layers = 0
+    assert "gpu" not in machine_description(types.SimpleNamespace(target=target))

@@ -25,9 +25,9 @@ from engine.runtime.llamacpp import LlamaCppRuntime, load_weights
 from engine.runtime.peers import LlamaCppGeneration
 
 LAYERS = (1, 14, 27)
-# Where llama.cpp has GPU libraries of its own and torch has CUDA, llama.cpp must not load in
-# this process (the reason for workers): the comparisons with an in-process runtime skip there.
-IN_PROCESS_IS_SAFE = not (llamacpp_process.gpu_build() and torch.cuda.is_available())
+# Where llama.cpp has GPU libraries of its own, it must not load in this process (the reason
+# for workers): the comparisons with an in-process runtime skip there.
+IN_PROCESS_IS_SAFE = not llamacpp_process.gpu_build()
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +162,7 @@ def test_a_conversion_in_the_worker_is_announced(demo_target_path, tmp_path, mon
         weights.close()
 
 
-def test_workers_are_wanted_where_a_gpu_build_of_llamacpp_meets_cuda_torch(tmp_path, monkeypatch):
+def test_workers_are_wanted_wherever_llamacpp_is_a_gpu_build(tmp_path, monkeypatch):
     monkeypatch.delenv(llamacpp_process.PROCESS_VARIABLE, raising=False)
     package = tmp_path / "llama_cpp"
     (package / "lib").mkdir(parents=True)
@@ -175,12 +175,39 @@ def test_workers_are_wanted_where_a_gpu_build_of_llamacpp_meets_cuda_torch(tmp_p
     (package / "lib" / "libggml-cuda.so").touch()
     assert llamacpp_process.gpu_build() and llamacpp_process.wanted()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert not llamacpp_process.wanted()  # no CUDA torch to clash with
-    monkeypatch.setenv(llamacpp_process.PROCESS_VARIABLE, "1")
-    assert llamacpp_process.wanted()
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert llamacpp_process.wanted()  # numpy, loaded here first, is enough to crash its model loads
     monkeypatch.setenv(llamacpp_process.PROCESS_VARIABLE, "0")
     assert not llamacpp_process.wanted()
+    (package / "lib" / "libggml-cuda.so").unlink()
+    monkeypatch.setenv(llamacpp_process.PROCESS_VARIABLE, "1")
+    assert llamacpp_process.wanted()
+
+
+def test_a_worker_loads_llamacpp_before_numpy():
+    """A CUDA build of llama.cpp segfaulted loading models in a process that had imported
+    numpy first (H100, 2026-11-27): the worker's start imports llama_cpp before anything
+    imports numpy."""
+    watch = textwrap.dedent('''
+        import importlib.abc, sys
+        first = []
+        class Watch(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name in ("numpy", "llama_cpp"):
+                    first.append(name)
+        sys.meta_path.insert(0, Watch())
+        module = sys.argv[1]
+        sys.argv = [module, "not-a-socket", "not-a-file"]
+        try:
+            __import__("runpy").run_module(module, run_name="__main__")
+        except ValueError:
+            pass  # the arguments are no descriptors: everything is imported by then
+        print(first[:2])
+    ''')
+    command = llamacpp_process._worker_command(101, 102)  # what the parent starts a worker with
+    engine_root = Path(llamacpp_process.__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-P", "-c", watch, command[command.index("-m") + 1]], capture_output=True, text=True, cwd=engine_root,
+                          env=dict(os.environ, PYTHONPATH=str(engine_root)), timeout=120)
+    assert done.stdout.strip() == "['llama_cpp', 'numpy']", done.stderr
 
 
 @pytest.mark.skipif(
