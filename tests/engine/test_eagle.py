@@ -20,7 +20,7 @@ from engine.errors import ModelLoadError
 from engine.events import Finished, Provenance
 from engine.models import LoadedModel
 from engine.runtime.eagle3 import Eagle3Runtime
-from engine.runtime import eagle3_native, int8_kernel
+from engine.runtime import eagle3, eagle3_native, int8_kernel
 from engine.runtime.int8_weights import quantise_rows
 from engine.runtime.eagle3_head import Eagle3Config, Eagle3Head, check_fits_target, load_head, save_head
 from engine.runtime.torch_eager import TorchRuntime
@@ -124,14 +124,18 @@ def rounds_then_head_logits(
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_the_heads_cache_after_many_rounds_equals_a_fresh_recompute(seed):
+@pytest.mark.parametrize("static_shapes", [False, True], ids=["cpu-shapes", "gpu-shapes"])
+def test_the_heads_cache_after_many_rounds_equals_a_fresh_recompute(seed, static_shapes, monkeypatch):
     """Afterwards the head's view of the context is exactly what a fresh pass over it gives
-    (float32 throughout)."""
+    (float32 throughout); also where attention reads the whole cache, as on a GPU (a small
+    growth step makes the cache, and so that shape, grow during the rounds)."""
+    monkeypatch.setattr(eagle3, "GROWTH", 16)
     vocab = 12  # small, so that a random head's trees are often partly right
     model = tiny_target(seed=seed, vocab_size=vocab)
     head = tiny_head(seed + 10, vocab_size=vocab, draft_vocab=10)
     target = TorchRuntime(model, torch.device("cpu"), feature_layers=LAYER_IDS)
     runner = Eagle3Runtime(head, target, model.get_input_embeddings().weight, dtype=torch.float32, quantise=False)
+    runner._layer.static_shapes = static_shapes
     context, logits = rounds_then_head_logits(runner, target, vocab, seed)
     expected = torch.full((vocab,), float("-inf"))
     expected[head.target_ids] = reference_head_logits(head, model, context)
