@@ -4,14 +4,19 @@ Every candidate is an exact method's drafter (`ar` drafts nothing), so whichever
 round, the reply is the target's own. Rounds are timed as they run: a running average of
 seconds per token per candidate, kept across replies and across starts (a small JSON file in
 the cache, per pair and machine). A candidate is tried until it has a few rounds behind it;
-after that the fastest runs, and the runner-up gets a round now and then, so a machine that
-gets busier or a conversation that drafts better is noticed. Those exploring rounds are paced
-by time, not by count, and by how much slower the runner-up measures: they get LOSS_BUDGET /
-(its slowdown) of the decoding time, between EXPLORE_SHARE and MOST_SHARE, so a runner-up
-that is much slower is checked less often, one within a few percent often (a close call is
-cheap to check and easy to get wrong from a few noisy rounds), and a round that costs more (a
-draft model that first catches up on the tokens written since it last ran) counts for what it
-costs. A round that read a prompt says nothing about a method's speed and is not counted.
+after that the fastest runs, and every other candidate gets a round now and then, so a
+machine that gets busier or a conversation that drafts better is noticed. Those exploring
+rounds are paced by time, not by count, and by how much slower each candidate measures: of
+the decoding time in this process, each of the n others gets LOSS_BUDGET / n / (its slowdown),
+between EXPLORE_SHARE / n and MOST_SHARE, so a candidate that is much slower is checked less
+often, one within a few percent often (a close call is cheap to check and easy to get wrong
+from a few noisy rounds), and a round that costs more counts for what it costs.
+
+A round whose drafter first caught up on the tokens written since it last ran (a draft model,
+an EAGLE head) says nothing about its speed: it is not counted, and an exploring visit goes on
+until one of its rounds counts (at most VISIT_ROUNDS). Counted, such rounds had sunk a rarely
+run candidate's average for good: the EAGLE-3 head's chain kept a slow record that nothing
+retried (docs/BENCHMARKS.md). A round that read a prompt is not counted either.
 
 A record from an earlier start may no longer hold: the host was busier then, Tandem's kernels
 changed. So in each process the recorded fastest, the runner-up and plain decoding first run
@@ -40,9 +45,9 @@ from .base import Drafter, Proposal, RoundOutcome
 PLAIN = "ar"
 TRIAL_ROUNDS = 6  # rounds each candidate runs before the fastest is trusted
 RECHECK_ROUNDS = 4  # rounds the recorded fastest, runner-up and plain decoding run in each process first
-# The runner-up's rounds get LOSS_BUDGET / (its slowdown) of the decoding time, within these
-# bounds: what exploring costs stays about LOSS_BUDGET, and at most EXPLORE_SHARE times the
-# slowdown for a much slower runner-up.
+# Each of the n candidates that are not the fastest gets LOSS_BUDGET / n / (its slowdown) of
+# the decoding time, within EXPLORE_SHARE / n and MOST_SHARE: what exploring costs stays about
+# LOSS_BUDGET, and at most EXPLORE_SHARE times the slowdown where all the others are much slower.
 EXPLORE_SHARE = 0.01
 MOST_SHARE = 0.25
 LOSS_BUDGET = 0.005
@@ -57,10 +62,8 @@ PLAIN_MARGIN = 0.05
 # ~0.4 ms, a tenth of a round of the demo target on the CPU's native forward.
 SAVE_EVERY = 16
 SAVE_INTERVAL_S = 2.0
-# A round whose models first read more than this many tokens (a long prompt that a draft model
-# skipped while another candidate ran) says nothing about its candidate's speed: ~1.2 s of
-# reading an 1,800-token prompt, counted, sank a candidate's average for good.
-CATCH_UP_TOKENS = 64
+# An exploring visit runs its candidate until one round counts (the first may catch up), at most:
+VISIT_ROUNDS = 3
 
 
 @dataclass
@@ -139,11 +142,6 @@ class SpeedRecord:
         if exploring:
             self.exploring_seconds += seconds
 
-    def may_explore(self, slowdown: float) -> bool:
-        """Whether a runner-up `slowdown` slower than the fastest (0.1: 10%) may run a round."""
-        share = min(MOST_SHARE, max(EXPLORE_SHARE, LOSS_BUDGET / max(slowdown, 1e-9)))
-        return self.exploring_seconds < share * self.decoding_seconds
-
     def ranked(self, names: list[str]) -> list[str]:
         """`names`, fastest first, plain decoding ahead of any that is not PLAIN_MARGIN faster;
         unmeasured ones last, in their given order."""
@@ -174,7 +172,12 @@ class MethodChooser(Drafter):
         self.lookahead = max(drafter.lookahead for drafter in candidates.values())
         self.current = PLAIN
         self._exploring = False
-        self._catching_up = False  # whether this round's models first read a long stretch
+        self._catching_up = False  # whether this round's drafter first read what it had missed
+        self._counted = True  # whether the last round counted for its candidate's speed
+        self._visit_rounds = 0  # rounds of the exploring visit under way
+        # This process's decoding seconds, in all and per candidate explored: what paces exploring
+        self._decoding_here = 0.0
+        self._explored_here: dict[str, float] = {}
 
     @property
     def runtimes(self) -> tuple[ModelRuntime, ...]:
@@ -196,20 +199,30 @@ class MethodChooser(Drafter):
 
     def propose(self, context: list[int], room: int, sampler: Sampler) -> Proposal:
         self.current = self._choose()
-        behind = [len(context) - len(runtime) for runtime in self.candidates[self.current].runtimes]
-        self._catching_up = max(behind, default=0) > CATCH_UP_TOKENS
-        proposal = self.candidates[self.current].propose(context, room, sampler)
+        drafter = self.candidates[self.current]
+        # Behind by more than two rounds' worth: its models read what other candidates wrote.
+        behind = [len(context) - len(runtime) for runtime in drafter.runtimes]
+        self._catching_up = max(behind, default=0) > 2 * (drafter.lookahead + 1)
+        proposal = drafter.propose(context, room, sampler)
         proposal.drafted_by = self.current
         return proposal
 
     def observe(self, outcome: RoundOutcome) -> None:
         self.candidates[self.current].observe(outcome)
-        seconds = outcome.draft_s + outcome.target_s
-        self.record.spent(seconds, self._exploring)
         read_a_prompt = outcome.target_tokens > len(outcome.proposal.tree)
-        if outcome.tokens and not read_a_prompt and not self._catching_up:
-            self.record.add(self.current, seconds, len(outcome.tokens))
+        counted = bool(outcome.tokens) and not read_a_prompt and not self._catching_up
+        self._finish_round(outcome.draft_s + outcome.target_s, len(outcome.tokens), counted)
         self.lookahead = max(drafter.lookahead for drafter in self.candidates.values())
+
+    def _finish_round(self, seconds: float, tokens: int, counted: bool) -> None:
+        """Account the round that `current` ran: its time, and its speed where it `counted`."""
+        self.record.spent(seconds, self._exploring)
+        self._decoding_here += seconds
+        if self._exploring:
+            self._explored_here[self.current] = self._explored_here.get(self.current, 0.0) + seconds
+        if counted:
+            self.record.add(self.current, seconds, tokens)
+        self._counted = counted
 
     def reset(self) -> None:
         for drafter in self.candidates.values():
@@ -230,7 +243,11 @@ class MethodChooser(Drafter):
         return f"auto: {best}, {plain / fastest:.2f}× plain decoding's speed on this machine"
 
     def _choose(self) -> str:
+        if self._exploring and not self._counted and self._visit_rounds < VISIT_ROUNDS:
+            self._visit_rounds += 1  # the visit's rounds so far only caught up: one more
+            return self.current
         name, self._exploring = self._next_choice()
+        self._visit_rounds = 1
         return name
 
     def _next_choice(self, may_explore: bool = True) -> tuple[str, bool]:
@@ -242,12 +259,26 @@ class MethodChooser(Drafter):
         unchecked = self._unchecked(ranked)
         if unchecked is not None:
             return unchecked, False
-        if may_explore and len(ranked) > 1:
-            rates = self.record.seconds_per_token
-            slowdown = rates[ranked[1]] / rates[ranked[0]] - 1 if rates.get(ranked[0], 0) > 0 and ranked[1] in rates else math.inf
-            if self.record.may_explore(slowdown):
-                return ranked[1], True
+        explorer = self._owed_a_round(ranked) if may_explore else None
+        if explorer is not None:
+            return explorer, True
         return ranked[0], False
+
+    def _owed_a_round(self, ranked: list[str]) -> str | None:
+        """Of the candidates that are not the fastest, the one furthest below its share of this
+        process's decoding time (the module's note), if any is below it."""
+        rates = self.record.seconds_per_token
+        others = [name for name in ranked[1:] if name in rates]
+        fastest = rates.get(ranked[0], 0.0)
+        if not others or fastest <= 0:
+            return None
+        filled = {}
+        for name in others:
+            slowdown = rates[name] / fastest - 1
+            share = min(MOST_SHARE, max(EXPLORE_SHARE, LOSS_BUDGET / max(slowdown, 1e-9)) / len(others))
+            filled[name] = self._explored_here.get(name, 0.0) / (share * self._decoding_here) if self._decoding_here else math.inf
+        owed = min(filled, key=filled.get)
+        return owed if filled[owed] < 1 else None
 
     def _unchecked(self, ranked: list[str]) -> str | None:
         """Of a record from an earlier start, the recorded fastest, the runner-up or plain
