@@ -19,11 +19,14 @@ run candidate's average for good: the EAGLE-3 head's chain kept a slow record th
 retried (docs/BENCHMARKS.md). A round that read a prompt is not counted either.
 
 A record from an earlier start may no longer hold: the host was busier then, Tandem's kernels
-changed. So in each process the recorded fastest, the runner-up and plain decoding first run
-RECHECK_ROUNDS rounds each, and a candidate's first rounds in a process weigh more in its
-average (1/2, 1/3, ... down to SMOOTHING): a stale record had kept `auto` on a drafting method
-at 0.94x of plain decoding for a whole benchmark run (docs/BENCHMARKS.md). And a drafting
-method replaces plain decoding only when it measures PLAIN_MARGIN faster.
+or a drafter changed. So in each process every candidate first runs RECHECK_ROUNDS rounds, in
+the record's order, and a recorded average only orders them: this process's first round
+replaces it, and its first rounds are averaged alike (1, 1/2, 1/3, ... down to SMOOTHING). A
+stale record had kept `auto` on a drafting method at 0.94x of plain decoding for a whole
+benchmark run, and another on plain decoding where the EAGLE-3 chain ran 1.1x; when only the
+fastest, the runner-up and plain decoding were rechecked, and a loaded average counted as one
+round, that one stayed (docs/BENCHMARKS.md). And a drafting method replaces plain decoding only
+when it measures PLAIN_MARGIN faster.
 
 Where drafting does not pay (a weak draft on a 2-core CPU) the fastest is plain decoding, and
 then `auto` costs at most about EXPLORE_SHARE: it never makes replies noticeably slower than
@@ -44,14 +47,18 @@ from .base import Drafter, Proposal, RoundOutcome
 
 PLAIN = "ar"
 TRIAL_ROUNDS = 6  # rounds each candidate runs before the fastest is trusted
-RECHECK_ROUNDS = 4  # rounds the recorded fastest, runner-up and plain decoding run in each process first
+RECHECK_ROUNDS = 4  # rounds every candidate of a record from an earlier start runs in each process first
 # Each of the n candidates that are not the fastest gets LOSS_BUDGET / n / (its slowdown) of
 # the decoding time, within EXPLORE_SHARE / n and MOST_SHARE: what exploring costs stays about
 # LOSS_BUDGET, and at most EXPLORE_SHARE times the slowdown where all the others are much slower.
 EXPLORE_SHARE = 0.01
 MOST_SHARE = 0.25
 LOSS_BUDGET = 0.005
-SMOOTHING = 0.1  # weight of the newest round in a candidate's average, once it has a few this process
+# The weight of the newest round in a candidate's average, once it has a few this process. A
+# round keeps 1 to 3 tokens, so its rate is noisy: at 0.1 (the last ~10 rounds) the demo pair's
+# leader kept flipping between the EAGLE-3 chain (6.2 ms a token) and plain decoding (7.5) and
+# `auto` ran plain decoding half the time; at 0.03 an average rests on ~30 rounds, 0.2 s there.
+SMOOTHING = 0.03
 # A drafting method runs instead of plain decoding only when it measures this much faster: a
 # candidate's average rests on its last ~10 rounds, each keeping 1 to 5 tokens, and the demo
 # pair's methods measured 0.82-1.07x plain decoding from run to run on this host, so a near
@@ -81,7 +88,10 @@ class SpeedRecord:
     exploring_seconds: float = 0.0
     # Rounds per candidate in this process (not saved): its first ones weigh more
     fresh: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
-    recorded: frozenset[str] = field(default=frozenset(), repr=False, compare=False)  # those loaded with an average
+    # This process's decoding seconds, in all and per candidate explored (not saved): what
+    # paces exploring. Here, not in the chooser, which each reply makes anew.
+    decoding_here: float = field(default=0.0, repr=False, compare=False)
+    explored_here: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
     _saved_at: float = field(default=-math.inf, repr=False, compare=False)  # time.monotonic() of the last write
 
     @classmethod
@@ -104,7 +114,6 @@ class SpeedRecord:
         if names != set(record.round_tokens) or names != set(record.rounds) or not all(
                 seconds > 0 and record.round_tokens[name] > 0 for name, seconds in record.round_seconds.items()):
             return cls(path)  # not one this code wrote
-        record.recorded = frozenset(names)
         return record
 
     @property
@@ -112,9 +121,9 @@ class SpeedRecord:
         return {name: self.round_seconds[name] / self.round_tokens[name] for name in self.round_seconds}
 
     def add(self, name: str, seconds: float, tokens: int) -> None:
-        # this process's first rounds of a candidate: the mean of them (and of a loaded average,
-        # which counts as one round), until that weighs less than SMOOTHING
-        weight = max(SMOOTHING, 1.0 / (self.fresh.get(name, 0) + (2 if name in self.recorded else 1)))
+        # this process's first rounds of a candidate: the mean of them (a loaded average only
+        # ordered the candidates), until that weighs less than SMOOTHING
+        weight = max(SMOOTHING, 1.0 / (self.fresh.get(name, 0) + 1))
         for averages, value in ((self.round_seconds, seconds), (self.round_tokens, float(tokens))):
             old = averages.get(name)
             averages[name] = value if old is None else (1 - weight) * old + weight * value
@@ -137,10 +146,13 @@ class SpeedRecord:
         partial.write_text(json.dumps(data), encoding="utf-8")
         os.replace(partial, self.path)
 
-    def spent(self, seconds: float, exploring: bool) -> None:
+    def spent(self, seconds: float, explored: str | None = None) -> None:
+        """A round's `seconds`; `explored`: the candidate it explored, if it did."""
         self.decoding_seconds += seconds
-        if exploring:
+        self.decoding_here += seconds
+        if explored is not None:
             self.exploring_seconds += seconds
+            self.explored_here[explored] = self.explored_here.get(explored, 0.0) + seconds
 
     def ranked(self, names: list[str]) -> list[str]:
         """`names`, fastest first, plain decoding ahead of any that is not PLAIN_MARGIN faster;
@@ -175,9 +187,7 @@ class MethodChooser(Drafter):
         self._catching_up = False  # whether this round's drafter first read what it had missed
         self._counted = True  # whether the last round counted for its candidate's speed
         self._visit_rounds = 0  # rounds of the exploring visit under way
-        # This process's decoding seconds, in all and per candidate explored: what paces exploring
-        self._decoding_here = 0.0
-        self._explored_here: dict[str, float] = {}
+        self._previous: str | None = None  # the candidate of the reply's last round
 
     @property
     def runtimes(self) -> tuple[ModelRuntime, ...]:
@@ -200,9 +210,13 @@ class MethodChooser(Drafter):
     def propose(self, context: list[int], room: int, sampler: Sampler) -> Proposal:
         self.current = self._choose()
         drafter = self.candidates[self.current]
-        # Behind by more than two rounds' worth: its models read what other candidates wrote.
+        # Another candidate ran the last round (or another reply), and this one's models are
+        # more than two rounds' worth behind: they first read what others wrote. (A candidate
+        # can lag its own rounds by more, as `staged`'s draft model lags the n-gram tokens it
+        # never read: those rounds count.)
         behind = [len(context) - len(runtime) for runtime in drafter.runtimes]
-        self._catching_up = max(behind, default=0) > 2 * (drafter.lookahead + 1)
+        self._catching_up = self._previous != self.current and max(behind, default=0) > 2 * (drafter.lookahead + 1)
+        self._previous = self.current
         proposal = drafter.propose(context, room, sampler)
         proposal.drafted_by = self.current
         return proposal
@@ -216,10 +230,7 @@ class MethodChooser(Drafter):
 
     def _finish_round(self, seconds: float, tokens: int, counted: bool) -> None:
         """Account the round that `current` ran: its time, and its speed where it `counted`."""
-        self.record.spent(seconds, self._exploring)
-        self._decoding_here += seconds
-        if self._exploring:
-            self._explored_here[self.current] = self._explored_here.get(self.current, 0.0) + seconds
+        self.record.spent(seconds, self.current if self._exploring else None)
         if counted:
             self.record.add(self.current, seconds, tokens)
         self._counted = counted
@@ -276,11 +287,12 @@ class MethodChooser(Drafter):
         for name in others:
             slowdown = rates[name] / fastest - 1
             share = min(MOST_SHARE, max(EXPLORE_SHARE, LOSS_BUDGET / max(slowdown, 1e-9)) / len(others))
-            filled[name] = self._explored_here.get(name, 0.0) / (share * self._decoding_here) if self._decoding_here else math.inf
+            allowed = share * self.record.decoding_here
+            filled[name] = self.record.explored_here.get(name, 0.0) / allowed if allowed else math.inf
         owed = min(filled, key=filled.get)
         return owed if filled[owed] < 1 else None
 
     def _unchecked(self, ranked: list[str]) -> str | None:
-        """Of a record from an earlier start, the recorded fastest, the runner-up or plain
-        decoding that has not yet run RECHECK_ROUNDS rounds in this process (None: all have)."""
-        return next((name for name in (*ranked[:2], PLAIN) if self.record.fresh.get(name, 0) < RECHECK_ROUNDS), None)
+        """Of a record from an earlier start, the candidate (in ranked order) that has not yet
+        run RECHECK_ROUNDS rounds in this process (None: all have)."""
+        return next((name for name in ranked if self.record.fresh.get(name, 0) < RECHECK_ROUNDS), None)

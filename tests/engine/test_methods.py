@@ -12,7 +12,8 @@ from engine import methods
 from engine.chat_prompt import Message
 from engine.config import DecodeSettings
 from engine.drafters.auto import (
-    EXPLORE_SHARE, LOSS_BUDGET, PLAIN_MARGIN, RECHECK_ROUNDS, TRIAL_ROUNDS, VISIT_ROUNDS, MethodChooser, SpeedRecord,
+    EXPLORE_SHARE, LOSS_BUDGET, PLAIN_MARGIN, RECHECK_ROUNDS, SMOOTHING, TRIAL_ROUNDS, VISIT_ROUNDS, MethodChooser,
+    SpeedRecord,
 )
 from engine.drafters.base import NoDrafter
 from engine import session
@@ -133,14 +134,14 @@ def record_from_an_earlier_start(path, seconds_per_token: dict[str, float]) -> S
 
 def test_a_record_from_an_earlier_start_is_checked_before_it_is_trusted(tmp_path):
     # Saved when drafting paid (a busier host): tree 2x plain decoding. Now plain decoding is
-    # the faster: the new process checks the record's fastest, its runner-up and plain
-    # decoding first, and their rounds in this process weigh enough to turn the ranking.
+    # the faster: the new process checks every candidate first, and its own rounds replace
+    # the recorded averages.
     auto = chooser(record_from_an_earlier_start(tmp_path / "record.json", {"ar": 0.020, "tree": 0.010, "eagle": 0.030}))
     assert auto.explain() == "auto: checking what an earlier start measured as fastest here"
     now = {"ar": 0.010, "tree": 0.013, "eagle": 0.030}
-    first = run_rounds(auto, 2 * RECHECK_ROUNDS, now, tokens=1)
+    first = run_rounds(auto, 3 * RECHECK_ROUNDS, now, tokens=1)
     assert auto.explain() == "auto: plain decoding, since drafting does not pay on this machine"
-    assert sorted(first) == ["ar"] * RECHECK_ROUNDS + ["tree"] * RECHECK_ROUNDS  # ar: both runner-up and plain
+    assert sorted(first) == ["ar"] * RECHECK_ROUNDS + ["eagle"] * RECHECK_ROUNDS + ["tree"] * RECHECK_ROUNDS
     later = run_rounds(auto, 2000, now, tokens=1)
     assert later.count("ar") > 0.8 * len(later) and time_share(later, "eagle", now) <= EXPLORE_SHARE
 
@@ -160,6 +161,18 @@ def test_a_third_candidate_whose_record_went_stale_is_found_again(tmp_path):
     now = {"ar": 0.010, "tree": 0.012, "eagle": 0.006}
     later = run_rounds(auto, 3000, now, tokens=1)
     assert later[-100:].count("eagle") > 90
+
+
+def test_exploring_is_paced_across_replies():
+    # Each reply makes its own chooser over the pair's one record: the pacing lives there, so
+    # a new reply does not start by exploring every candidate again.
+    record = SpeedRecord()
+    cost = {"ar": 0.010, "tree": 0.020, "eagle": 0.030}
+    run_rounds(chooser(record), TRIAL_ROUNDS * 3, cost)
+    chosen = []
+    for _ in range(40):  # replies of 50 rounds
+        chosen += run_rounds(chooser(record), 50, cost)
+    assert time_share(chosen, "tree", cost) + time_share(chosen, "eagle", cost) <= EXPLORE_SHARE * 1.5
 
 
 def test_an_exploring_visit_goes_on_until_a_round_counts():
@@ -187,17 +200,17 @@ def test_a_new_candidates_first_rounds_are_averaged_alike():
     assert record.round_seconds["tree"] == pytest.approx(4.0)
 
 
-def test_a_record_from_an_earlier_start_counts_as_one_round_of_this_ones(tmp_path):
+def test_a_record_from_an_earlier_start_gives_way_to_this_ones_rounds(tmp_path):
     path = tmp_path / "record.json"
     record = record_from_an_earlier_start(path, {"tree": 10.0})
     record.add("tree", 4.0, 1)
     record.add("tree", 1.0, 1)
-    assert record.round_seconds["tree"] == pytest.approx((10.0 + 4.0 + 1.0) / 3)
-    for _ in range(20):  # then each round weighs SMOOTHING, as before
+    assert record.round_seconds["tree"] == pytest.approx((4.0 + 1.0) / 2)
+    for _ in range(round(1 / SMOOTHING)):  # then each round weighs SMOOTHING, as before
         record.add("tree", 1.0, 1)
     before = record.round_seconds["tree"]
     record.add("tree", 11.0, 1)
-    assert record.round_seconds["tree"] == pytest.approx(0.9 * before + 0.1 * 11.0)
+    assert record.round_seconds["tree"] == pytest.approx((1 - SMOOTHING) * before + SMOOTHING * 11.0)
 
 
 def test_auto_falls_back_to_plain_decoding_where_drafting_does_not_pay():
@@ -225,7 +238,7 @@ def test_the_speed_record_survives_a_restart_and_a_damaged_one_starts_afresh(tmp
     path = tmp_path / "record.json"
     record = SpeedRecord(path)
     for _ in range(16):
-        record.spent(0.02, exploring=True)
+        record.spent(0.02, explored="tree")
         record.add("tree", 0.02, 3)
     reloaded = SpeedRecord.load(path)
     assert reloaded.rounds["tree"] == 16 and reloaded.seconds_per_token["tree"] == pytest.approx(0.02 / 3)
@@ -245,7 +258,7 @@ def test_the_speed_record_survives_a_restart_and_a_damaged_one_starts_afresh(tmp
 def test_auto_replies_say_what_ran(full_pair):
     finished = reply(full_pair, "auto")
     assert sum(finished.stats.rounds_by_method.values()) > 0
-    assert set(finished.stats.rounds_by_method) <= {"ar", "eagle-tree", "eagle", "tree", "staged"}
+    assert set(finished.stats.rounds_by_method) <= {"ar", *methods.AUTO_CANDIDATES}
     assert finished.stats.note.startswith("auto: ")
 
 
