@@ -57,8 +57,9 @@ LOSS_BUDGET = 0.005
 # The weight of the newest round in a candidate's average, once it has a few this process. A
 # round keeps 1 to 3 tokens, so its rate is noisy: at 0.1 (the last ~10 rounds) the demo pair's
 # leader kept flipping between the EAGLE-3 chain (6.2 ms a token) and plain decoding (7.5) and
-# `auto` ran plain decoding half the time; at 0.03 an average rests on ~30 rounds, 0.2 s there.
-SMOOTHING = 0.03
+# `auto` ran plain decoding half the time; at 0.03 still 42% on the demo pair as shipped; at
+# 0.01 an average rests on ~100 rounds, under a second there, and `auto` ran 1.02-1.04x.
+SMOOTHING = 0.01
 # A drafting method runs instead of plain decoding only when it measures this much faster: a
 # candidate's average rests on its last ~10 rounds, each keeping 1 to 5 tokens, and the demo
 # pair's methods measured 0.82-1.07x plain decoding from run to run on this host, so a near
