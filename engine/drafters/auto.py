@@ -19,14 +19,14 @@ run candidate's average for good: the EAGLE-3 head's chain kept a slow record th
 retried (docs/BENCHMARKS.md). A round that read a prompt is not counted either.
 
 A record from an earlier start may no longer hold: the host was busier then, Tandem's kernels
-or a drafter changed. So in each process every candidate first runs RECHECK_ROUNDS rounds, in
-the record's order, and a recorded average only orders them: this process's first round
-replaces it, and its first rounds are averaged alike (1, 1/2, 1/3, ... down to SMOOTHING). A
-stale record had kept `auto` on a drafting method at 0.94x of plain decoding for a whole
-benchmark run, and another on plain decoding where the EAGLE-3 chain ran 1.1x; when only the
-fastest, the runner-up and plain decoding were rechecked, and a loaded average counted as one
-round, that one stayed (docs/BENCHMARKS.md). And a drafting method replaces plain decoding only
-when it measures PLAIN_MARGIN faster.
+or a drafter changed. So in each process the recorded fastest, the runner-up and plain
+decoding first run RECHECK_ROUNDS rounds each, the others as their exploring comes due, and a
+recorded average only orders them: this process's first round of a candidate replaces it, and
+its first rounds are averaged alike (1, 1/2, 1/3, ... down to SMOOTHING). A stale record had
+kept `auto` on a drafting method at 0.94x of plain decoding for a whole benchmark run, and
+another on plain decoding where the EAGLE-3 chain ran 1.1x (docs/BENCHMARKS.md). Re-checking
+every candidate at each start cost a short run 2-5%. And a drafting method replaces plain
+decoding only when it measures PLAIN_MARGIN faster.
 
 Where drafting does not pay (a weak draft on a 2-core CPU) the fastest is plain decoding, and
 then `auto` costs at most about EXPLORE_SHARE: it never makes replies noticeably slower than
@@ -47,7 +47,7 @@ from .base import Drafter, Proposal, RoundOutcome
 
 PLAIN = "ar"
 TRIAL_ROUNDS = 6  # rounds each candidate runs before the fastest is trusted
-RECHECK_ROUNDS = 4  # rounds every candidate of a record from an earlier start runs in each process first
+RECHECK_ROUNDS = 4  # rounds the recorded fastest, runner-up and plain decoding run in each process first
 # Each of the n candidates that are not the fastest gets LOSS_BUDGET / n / (its slowdown) of
 # the decoding time, within EXPLORE_SHARE / n and MOST_SHARE: what exploring costs stays about
 # LOSS_BUDGET, and at most EXPLORE_SHARE times the slowdown where all the others are much slower.
@@ -58,7 +58,7 @@ LOSS_BUDGET = 0.005
 # round keeps 1 to 3 tokens, so its rate is noisy: at 0.1 (the last ~10 rounds) the demo pair's
 # leader kept flipping between the EAGLE-3 chain (6.2 ms a token) and plain decoding (7.5) and
 # `auto` ran plain decoding half the time; at 0.03 still 42% on the demo pair as shipped; at
-# 0.01 an average rests on ~100 rounds, under a second there, and `auto` ran 1.02-1.04x.
+# 0.01 an average rests on ~100 rounds, under a second there.
 SMOOTHING = 0.01
 # A drafting method runs instead of plain decoding only when it measures this much faster: a
 # candidate's average rests on its last ~10 rounds, each keeping 1 to 5 tokens, and the demo
@@ -278,7 +278,8 @@ class MethodChooser(Drafter):
 
     def _owed_a_round(self, ranked: list[str]) -> str | None:
         """Of the candidates that are not the fastest, the one furthest below its share of this
-        process's decoding time (the module's note), if any is below it."""
+        process's decoding time (the module's note), if that share already pays for one more
+        of its rounds: so a process does not start by visiting every candidate."""
         rates = self.record.seconds_per_token
         others = [name for name in ranked[1:] if name in rates]
         fastest = rates.get(ranked[0], 0.0)
@@ -289,11 +290,14 @@ class MethodChooser(Drafter):
             slowdown = rates[name] / fastest - 1
             share = min(MOST_SHARE, max(EXPLORE_SHARE, LOSS_BUDGET / max(slowdown, 1e-9)) / len(others))
             allowed = share * self.record.decoding_here
-            filled[name] = self.record.explored_here.get(name, 0.0) / allowed if allowed else math.inf
+            one_more = self.record.explored_here.get(name, 0.0) + self.record.round_seconds[name]
+            filled[name] = one_more / allowed if allowed else math.inf
         owed = min(filled, key=filled.get)
-        return owed if filled[owed] < 1 else None
+        return owed if filled[owed] <= 1 else None
 
     def _unchecked(self, ranked: list[str]) -> str | None:
-        """Of a record from an earlier start, the candidate (in ranked order) that has not yet
-        run RECHECK_ROUNDS rounds in this process (None: all have)."""
-        return next((name for name in ranked if self.record.fresh.get(name, 0) < RECHECK_ROUNDS), None)
+        """Of a record from an earlier start, the recorded fastest, the runner-up or plain
+        decoding that has not yet run RECHECK_ROUNDS rounds in this process (None: all have).
+        The others are re-checked as exploring comes due: their first round replaces what the
+        record says of them."""
+        return next((name for name in (*ranked[:2], PLAIN) if self.record.fresh.get(name, 0) < RECHECK_ROUNDS), None)
