@@ -714,8 +714,9 @@ def _read_pairs() -> tuple[list[PairConfig], str | None]:
 
 def _ready_line(description: dict, loaded_in: str) -> str:
     """The status line of a loaded pair: what runs it, where, and how (e.g. "compiling in the background")."""
+    head = f" + EAGLE-3 head {description['eagle']}" if description.get("eagle") else ""
     return (
-        f"Ready: {description.get('target')} + {description.get('draft')} "
+        f"Ready: {description.get('target')} + {description.get('draft')}{head} "
         f"on {description.get('device')} ({description.get('precision')}, {description.get('runtime', 'torch')})"
         + loaded_in
     )

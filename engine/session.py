@@ -149,6 +149,7 @@ class LoadedPair:
             "name": self.config.name,
             "target": self.target.label,
             "draft": self.draft.label if self.draft else self.config.draft_label,
+            "eagle": Path(self.config.eagle).name if self.eagle_runner is not None and self.config.eagle else None,
             "device": str(self.target.device),
             "runtime": self.runtime_label,
             "precision": self.target.precision,

@@ -13,6 +13,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from engine import methods
 from engine.config import DecodeSettings, ModelSpec, PairConfig
@@ -175,6 +176,7 @@ class FakePair:
             "name": self.config.name,
             "target": self.config.target.source,
             "draft": self.config.draft_label,
+            "eagle": Path(self.config.eagle).name if self.config.eagle else None,
             "device": "cpu",
             "precision": "bf16",
             "context_length": 2048,

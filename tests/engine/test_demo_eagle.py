@@ -43,6 +43,7 @@ def test_the_shipped_head_drafts_what_the_demo_target_keeps(demo_target_folder):
     head's first drafted token kept far more often than a wrong head's would be (the model
     card says 0.47-0.56 on chat prompts)."""
     pair = load_pair(demo_pair())
+    assert pair.describe()["eagle"] == DEMO_EAGLE_FOLDER.name  # what the status bar names
     question = [Message("user", "Explain in two sentences why the sky is blue.")]
     replies = {}
     for method in ("ar", "eagle"):
