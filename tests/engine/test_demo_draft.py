@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 from engine.compat import check_pair_compatible
 from engine.config import DEMO_DRAFT_FOLDER, ModelSpec, demo_pair
@@ -11,8 +12,9 @@ from engine.models import load_model, load_tokenizer_only
 SIZE_LIMIT_MB = 40
 
 
-def recorded_checksums() -> dict[str, str]:
-    lines = (DEMO_DRAFT_FOLDER / "SHA256SUMS").read_text(encoding="utf-8").splitlines()
+def recorded_checksums(folder: Path = DEMO_DRAFT_FOLDER) -> dict[str, str]:
+    """File name -> SHA-256, as a shipped folder's SHA256SUMS records them."""
+    lines = (folder / "SHA256SUMS").read_text(encoding="utf-8").splitlines()
     return {name.strip(): digest for digest, name in (line.split(maxsplit=1) for line in lines if line.strip())}
 
 

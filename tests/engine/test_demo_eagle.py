@@ -11,13 +11,13 @@ from engine.chat_prompt import Message
 from engine.config import DEMO_EAGLE_FOLDER, DecodeSettings, demo_pair
 from engine.runtime.eagle3_head import check_fits_target, load_head
 from engine.session import load_pair
+from tests.engine.test_demo_draft import recorded_checksums
 
 SIZE_LIMIT_MB = 24
 
 
 def test_the_shipped_files_match_their_recorded_checksums():
-    lines = (DEMO_EAGLE_FOLDER / "SHA256SUMS").read_text(encoding="utf-8").splitlines()
-    checksums = {name.strip(): digest for digest, name in (line.split(maxsplit=1) for line in lines if line.strip())}
+    checksums = recorded_checksums(DEMO_EAGLE_FOLDER)
     assert set(checksums) == {"model.safetensors", "config.json"}
     for name, digest in checksums.items():
         assert hashlib.sha256((DEMO_EAGLE_FOLDER / name).read_bytes()).hexdigest() == digest, name
