@@ -321,6 +321,18 @@ def test_an_eagle3_run_learns_the_target_and_drafts_exactly_with_it(eagle_run, s
     pair.close()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_an_eagle3_run_on_a_gpu_writes_records_and_trains_there(six_layer_target, prompts_file, tmp_path):
+    # On a GPU each phase runs on the device: batched torch replies with the draws made
+    # there, the features from the torch target, training in bf16.
+    out = tmp_path / "head"
+    on_gpu = [*EAGLE_ARGUMENTS[:-1], "cuda"]
+    assert distill("--target", str(six_layer_target), "--out", str(out), "--prompts", str(prompts_file), *on_gpu) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["heldout"][0]["agreement"] > report["heldout_initial"][0]["agreement"] + 0.1, report
+    assert report["training_reply_tokens"] >= 3000
+
+
 def test_an_interrupted_eagle3_run_resumes_to_the_same_head(eagle_run, six_layer_target, prompts_file, tmp_path):
     out = tmp_path / "head"
     arguments = ["--target", str(six_layer_target), "--out", str(out), "--prompts", str(prompts_file), *EAGLE_ARGUMENTS]
