@@ -251,7 +251,8 @@ def detail_rows(figures: dict) -> list[tuple[str, str]]:
         ("Ended", ended(figures)),
     ]
     if pair:
-        rows.append(("Pair", f"{pair.get('name', '?')}: {pair.get('target', '?')} + {pair.get('draft', '?')}"))
+        head = f" + EAGLE-3 head {pair['eagle']}" if pair.get("eagle") else ""
+        rows.append(("Pair", f"{pair.get('name', '?')}: {pair.get('target', '?')} + {pair.get('draft', '?')}{head}"))
         rows.append(("Device", f"{pair.get('device', '?')}, {pair.get('precision', '?')}, {memory(pair.get('memory_mb'))}"))
         rows.append(("Runtime", pair.get("runtime", "torch")))
         if pair.get("runtime_choice"):

@@ -42,3 +42,13 @@ def test_head_methods_are_named_with_their_own_knobs_and_sprinter_as_approximate
     )
     # A reply saved before SPRINTER existed has no `exact` and was exact.
     assert dict(detail_rows({"stats": {"tokens_generated": 3}, "decoding": {"method": "chain"}}))["Verifier"] == "Exact"
+
+
+def test_the_pair_line_names_an_eagle_head_where_the_pair_drafts_with_one():
+    from app.figures import detail_rows
+
+    pair = {"name": "demo", "target": "demo-target", "draft": "smollm2-135m-draft", "device": "cpu", "precision": "int8"}
+    figures = {"stats": {"tokens_generated": 3}, "decoding": {"method": "eagle"}}
+    with_head = dict(detail_rows({**figures, "pair": {**pair, "eagle": "smollm2-135m-eagle3"}}))
+    assert with_head["Pair"] == "demo: demo-target + smollm2-135m-draft + EAGLE-3 head smollm2-135m-eagle3"
+    assert dict(detail_rows({**figures, "pair": {**pair, "eagle": None}}))["Pair"] == "demo: demo-target + smollm2-135m-draft"
