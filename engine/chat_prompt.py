@@ -72,6 +72,19 @@ def build_prompt(
     return BuiltPrompt(token_ids=tokens_from(start), dropped_messages=start)
 
 
+def build_text_prompt(tokenizer: Any, text: str, max_prompt_tokens: int) -> BuiltPrompt:
+    """The prompt that asks the model to continue `text` as it is, with no chat template."""
+    if not text.strip():
+        raise PromptError("The prompt is empty.")
+    token_ids = list(tokenizer.encode(text))
+    if len(token_ids) > max_prompt_tokens:
+        raise ContextOverflowError(
+            f"The prompt is {len(token_ids)} tokens long, but only {max_prompt_tokens} fit in the model's "
+            "context beside what it would write. Shorten the prompt, or ask for fewer tokens."
+        )
+    return BuiltPrompt(token_ids=token_ids, dropped_messages=0)
+
+
 def reply_to_continue(messages: Sequence[Message]) -> str | None:
     """The reply a conversation asks to carry on (its last non-system message is the
     assistant's), without the replacement characters of a character the token limit cut in

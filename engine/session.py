@@ -2,6 +2,7 @@
 
     pair = load_pair(demo_pair())
     generation = pair.generate([Message("user", "Hi!")], DecodeSettings())
+    # or pair.complete("Once upon a time", DecodeSettings()): plain text, no chat template
     for event in generation:      # PromptPrepared, [PromptProgress ...], TextDelta / StatsUpdate ..., Finished
         ...
     generation.stop()             # from any thread; takes effect after the current round
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 
 from . import heap, methods
-from .chat_prompt import Message, build_prompt, reply_to_continue
+from .chat_prompt import Message, build_prompt, build_text_prompt, reply_to_continue
 from .compat import check_pair_compatible
 from .config import ConfigError, DecodeSettings, PairConfig
 from .detokenize import IncrementalDetokenizer, text_after
@@ -236,6 +237,11 @@ class LoadedPair:
     ) -> Generation:
         return Generation(self, messages, settings, system_prompt)
 
+    def complete(self, text: str, settings: DecodeSettings) -> Generation:
+        """A continuation of `text` as it is, without the chat template (the OpenAI
+        completions endpoint, a base model's prompt)."""
+        return Generation(self, [], settings, None, text_prompt=text)
+
     def reset_caches(self) -> None:
         """Forget cached prefixes, so the next generation starts with a full prefill."""
         for runner in self._runners():
@@ -262,11 +268,15 @@ class Generation:
     raises instead of starting an empty run, and `result_so_far()` gives the reply of one
     that was cut short (Ctrl-C)."""
 
-    def __init__(self, pair: LoadedPair, messages: list[Message], settings: DecodeSettings, system_prompt: str | None):
+    def __init__(
+        self, pair: LoadedPair, messages: list[Message], settings: DecodeSettings, system_prompt: str | None,
+        text_prompt: str | None = None,
+    ):
         self.pair = pair
         self.messages = list(messages)
         self.settings = settings
         self.system_prompt = system_prompt
+        self.text_prompt = text_prompt  # continued as it is, instead of `messages`
         self._stop_requested = threading.Event()
         self._started = False
         self._streamed: _Streamed | None = None
@@ -319,13 +329,17 @@ class Generation:
         drafter, verify = row.drafter(pair, settings), row.verifier(settings)
         # Room past the prompt for one round's draft and the target's own token.
         reserve = min(settings.max_new_tokens + drafter.lookahead + 1, pair.context_length // 2)
-        prompt = build_prompt(pair.tokenizer, self.messages, self.system_prompt, pair.context_length - reserve)
+        max_prompt_tokens = pair.context_length - reserve
+        if self.text_prompt is None:
+            prompt = build_prompt(pair.tokenizer, self.messages, self.system_prompt, max_prompt_tokens)
+        else:
+            prompt = build_text_prompt(pair.tokenizer, self.text_prompt, max_prompt_tokens)
         yield PromptPrepared(len(prompt.token_ids), prompt.dropped_messages, pair.context_length)
 
         sampler = Sampler(settings.temperature, settings.top_k, settings.top_p, _generator(settings.seed))
         stats = GenerationStats(method=settings.method, prompt_tokens=len(prompt.token_ids), exact=settings.exact)
-        # A reply being continued: its last tokens are the context its new text follows.
-        carried_on = reply_to_continue(self.messages)
+        # A reply (or text) being continued: its last tokens are the context its new text follows.
+        carried_on = reply_to_continue(self.messages) if self.text_prompt is None else self.text_prompt
         context_ids = list(pair.tokenizer.encode(carried_on, add_special_tokens=False))[-CONTEXT_TOKENS:] if carried_on else []
         detokenizer = IncrementalDetokenizer(pair.tokenizer, context_ids)
         context = list(prompt.token_ids)

@@ -109,6 +109,22 @@ def test_generation_stops_at_the_end_of_the_context(tiny_pair):
     assert finished.stats.prompt_tokens + len(finished.token_ids) <= tiny_pair.context_length
 
 
+def test_a_text_prompt_is_continued_as_it_is_without_the_chat_template(tiny_pair):
+    text = "w5 w6 w7 w5 w6"
+    events = run(tiny_pair.complete(text, DecodeSettings(method="ar", max_new_tokens=6)))
+    assert events[0].prompt_tokens == 5  # the words alone, without the template's <s> and </s>
+    ids = tiny_pair.tokenizer.encode(text)
+    with torch.no_grad():
+        for _ in range(6):
+            ids.append(int(tiny_pair.target.model(torch.tensor([ids])).logits[0, -1].argmax()))
+    assert list(events[-1].token_ids) == ids[5:]  # what the target alone continues the text with
+
+
+def test_a_text_prompt_longer_than_the_context_is_refused(tiny_pair):
+    with pytest.raises(ContextOverflowError, match="The prompt is 100 tokens long"):
+        run(tiny_pair.complete(" ".join(WORDS[:50] * 2), DecodeSettings(max_new_tokens=8)))
+
+
 def test_unknown_method_is_refused():
     with pytest.raises(ConfigError, match="unknown method"):
         DecodeSettings(method="magic")
