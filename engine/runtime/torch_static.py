@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from .base import ModelRuntime
 from .compiled_forward import BackgroundCompile, shared_compile
+from .exact_attention import exact_attention
 from . import int8_kernel
 from .int8_weights import Int8Linear, join_rows
 from .rms_norm_cuda import fused_norm
@@ -232,7 +233,11 @@ def _attend(query, keys, values, mask, scale, cap=None):
     head: no copy of the cache per group, and no `enable_gqa`, which with a mask sends CUDA
     to the slow math kernel rather than the memory-efficient one. With a soft cap (Gemma 2)
     the scores become cap * tanh(scores / cap) before the mask, which SDPA cannot do, so
-    that attention is spelled out as transformers' eager attention computes it."""
+    that attention is spelled out as transformers' eager attention computes it. On the CPU
+    each token attends on its own (exact_attention.py): MKL sums a batch of query rows in
+    another order than one row, and a verify must give each token a step's bits."""
+    if query.device.type == "cpu":  # a token's bits must not depend on the batch (exact_attention.py)
+        return exact_attention(query, keys, values, mask, scale, cap)
     _, heads, count, dim = query.shape
     kv_heads = keys.shape[1]
     folded = query.reshape(1, kv_heads, heads // kv_heads * count, dim)  # (1, kv_heads, groups * n, d)

@@ -128,3 +128,33 @@ def test_the_static_forward_joins_the_int8_projections_and_keeps_every_logit(fam
     assert torch.equal(logits, separate.forward(ids, logits_wanted=4))
     # qkv, o, gate_up, down (Phi-3's own qkv_proj and gate_up_proj likewise), and the LM head
     assert len(calls) == 4 * layers + 1
+
+
+def test_a_verify_across_a_key_window_and_a_trees_branch_give_the_steps_logits_to_the_bit():
+    """The torch forward on the CPU (exact_attention.py): each token attends alone over the
+    rows it sees, so neither the batch, the key window's width (steps at 255 slots read a
+    256-row window, the verify past it a 512-row one) nor a tree's other branches change its
+    bits. Before, a batched attention call gave the verify other last bits on AMD CPUs."""
+    model = quantise_weight_only(tiny_llama(seed=4, vocab_size=64, hidden=64))
+    generator = torch.Generator().manual_seed(4)
+    prompt = torch.randint(0, 64, (186,), generator=generator).tolist()  # slots 0..185 sit in rows 64..249
+    branch = [7, 30, 2, 51, 9, 12, 44, 3]  # slots 186..193: rows 250..257, across the 256-row window
+
+    def runtime():
+        opened = StaticTorchRuntime(model, torch.device("cpu"), 400, graphs=False, native=False)
+        opened.forward(prompt, logits_wanted=1)
+        return opened
+
+    stepping = runtime()
+    stepped = torch.cat([stepping.forward([token], logits_wanted=1) for token in branch])
+    verified = runtime().forward(branch, logits_wanted=len(branch))
+    assert torch.equal(verified, stepped)
+
+    # A tree: a side branch of three tokens first, then the main branch; each main-branch token
+    # sees its ancestors in rows that are not one run, and must still get the step's logits.
+    side = [60, 61, 62]
+    tree_ids = side + branch
+    start = len(prompt)
+    parents = [start - 1, start, start + 1] + [start - 1] + list(range(start + 3, start + 3 + len(branch) - 1))
+    tree_logits = runtime().forward_tree(tree_ids, parents, logits_wanted=len(tree_ids))
+    assert torch.equal(tree_logits[len(side):], stepped)
