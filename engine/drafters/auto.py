@@ -31,6 +31,9 @@ decoding only when it measures PLAIN_MARGIN faster.
 Where drafting does not pay (a weak draft on a 2-core CPU) the fastest is plain decoding, and
 then `auto` costs at most about EXPLORE_SHARE: it never makes replies noticeably slower than
 the target alone.
+
+The averages choose; they do not make the "N× plain decoding" a reply says. That comes from
+this process's recent rounds of both only, where they can carry it (speed_comparison.py).
 """
 from __future__ import annotations
 
@@ -39,11 +42,14 @@ import json
 import math
 import os
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from ..runtime import ModelRuntime
 from ..sampling import Sampler
 from .base import Drafter, Proposal, RoundOutcome
+from .speed_comparison import TimedRound, compare, recent_rounds
 
 PLAIN = "ar"
 TRIAL_ROUNDS = 6  # rounds each candidate runs before the fastest is trusted
@@ -93,6 +99,10 @@ class SpeedRecord:
     # paces exploring. Here, not in the chooser, which each reply makes anew.
     decoding_here: float = field(default=0.0, repr=False, compare=False)
     explored_here: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
+    # This process's newest counted rounds per candidate and when they ended (not saved): what
+    # a "N× plain decoding" figure rests on (speed_comparison.py), not the averages above.
+    recent: dict[str, deque[TimedRound]] = field(default_factory=dict, repr=False, compare=False)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
     _saved_at: float = field(default=-math.inf, repr=False, compare=False)  # time.monotonic() of the last write
 
     @classmethod
@@ -130,6 +140,7 @@ class SpeedRecord:
             averages[name] = value if old is None else (1 - weight) * old + weight * value
         self.rounds[name] = self.rounds.get(name, 0) + 1
         self.fresh[name] = self.fresh.get(name, 0) + 1
+        self.recent.setdefault(name, recent_rounds()).append(TimedRound(self.clock(), seconds, tokens))
         if (self.path is not None and sum(self.rounds.values()) % SAVE_EVERY == 0
                 and time.monotonic() - self._saved_at >= SAVE_INTERVAL_S):
             self.save()
@@ -245,14 +256,17 @@ class MethodChooser(Drafter):
         ranked = self.record.ranked(list(self.candidates))
         best = ranked[0]
         rates = self.record.seconds_per_token
-        plain, fastest = rates.get(PLAIN), rates.get(best)
-        if fastest is None or plain is None or self.record.rounds.get(best, 0) < TRIAL_ROUNDS:
+        if PLAIN not in rates or best not in rates or self.record.rounds.get(best, 0) < TRIAL_ROUNDS:
             return "auto: still measuring which method is fastest here"
         if self._unchecked(ranked) is not None:
             return "auto: checking what an earlier start measured as fastest here"
         if best == PLAIN:
             return "auto: plain decoding, since drafting does not pay on this machine"
-        return f"auto: {best}, {plain / fastest:.2f}× plain decoding's speed on this machine"
+        # Not from the averages that chose it: those may rest on a few stalled rounds
+        comparison = compare(self.record.recent.get(best, ()), self.record.recent.get(PLAIN, ()))
+        if comparison is None:
+            return f"auto: {best}, the fastest measured here (against plain decoding: measuring…)"
+        return f"auto: {comparison.describe(best)}"
 
     def _choose(self) -> str:
         if self._exploring and not self._counted and self._visit_rounds < VISIT_ROUNDS:

@@ -6,7 +6,11 @@ import pytest
 from PySide6.QtWidgets import QLabel
 
 from app.figures import FIGURE_TIPS, calls_saved, detail_rows
+from app.speed_panel import SpeedPanel
 from engine.config import DecodeSettings
+from engine.drafters.auto import PLAIN, MethodChooser, SpeedRecord
+from engine.drafters.base import NoDrafter
+from engine.stats import GenerationStats
 from tests.app.fake_engine import FakeEngine
 from tests.app.helpers import send_and_wait
 
@@ -97,3 +101,22 @@ def test_a_background_compile_shows_while_it_runs_and_when_it_ends(ready_window,
     assert "compiled" in window.load_label.text() and "compiling" not in window.load_label.text()
     assert window.client.worker._pair.remeasured == 1
     assert window.client.pair.description["runtime"].endswith("compiled")  # what About shows
+
+
+def test_the_panel_says_what_autos_figure_compares_and_when_it_is_still_measuring(qtbot):
+    panel = SpeedPanel()
+    qtbot.addWidget(panel)
+    auto = MethodChooser({PLAIN: NoDrafter(), "tree": NoDrafter()}, SpeedRecord())
+    for _ in range(6):  # a trial of each: too few rounds of plain decoding for a figure
+        auto.record.add(PLAIN, 0.010, 1)
+        auto.record.add("tree", 0.012, 3)
+    stats = GenerationStats(method="auto", tokens_generated=40, elapsed_s=2.0, note=auto.explain())
+    panel.finish_reply(stats, {}, "eos")
+    assert panel.caption.text().endswith("Auto: tree, the fastest measured here (against plain decoding: measuring…).")
+    for _ in range(4):
+        auto.record.add(PLAIN, 0.010, 1)
+        auto.record.add("tree", 0.012, 3)
+    stats.note = auto.explain()
+    panel.finish_reply(stats, {}, "eos")
+    assert panel.caption.text().endswith(
+        "Auto: tree, 2.50× plain decoding's speed on this machine (median of 10 recent rounds of each).")

@@ -79,13 +79,15 @@ def chooser(record: SpeedRecord) -> MethodChooser:
     return MethodChooser({"ar": NoDrafter(), "tree": NoDrafter(), "eagle": NoDrafter()}, record)
 
 
-def run_rounds(auto: MethodChooser, rounds: int, seconds_per_token: dict[str, float], tokens: int = 2) -> list[str]:
-    """What `observe` does after each round, with each candidate's cost given."""
+def run_rounds(auto: MethodChooser, rounds: int, seconds_per_token: dict[str, float], tokens: int | dict[str, int] = 2) -> list[str]:
+    """What `observe` does after each round, with each candidate's cost given, and the tokens
+    a round keeps (per candidate where a dict)."""
     chosen = []
     for _ in range(rounds):
         name = auto.current = auto._choose()
         chosen.append(name)
-        auto._finish_round(seconds_per_token[name] * tokens, tokens, counted=True)
+        kept = tokens[name] if isinstance(tokens, dict) else tokens
+        auto._finish_round(seconds_per_token[name] * kept, kept, counted=True)
     return chosen
 
 
@@ -97,9 +99,10 @@ def time_share(chosen: list[str], name: str, cost: dict[str, float]) -> float:
 def test_auto_tries_every_candidate_then_runs_the_fastest_and_now_and_then_each_other():
     auto = chooser(SpeedRecord())
     cost = {"ar": 0.010, "tree": 0.008, "eagle": 0.005}  # seconds per token
-    tried = run_rounds(auto, TRIAL_ROUNDS * 3, cost)
+    kept = {"ar": 1, "tree": 2, "eagle": 2}  # plain decoding keeps one token a round
+    tried = run_rounds(auto, TRIAL_ROUNDS * 3, cost, kept)
     assert sorted(set(tried)) == ["ar", "eagle", "tree"] and all(tried.count(name) == TRIAL_ROUNDS for name in cost)
-    chosen = run_rounds(auto, 1000, cost)
+    chosen = run_rounds(auto, 1000, cost, kept)
     assert chosen.count("tree") >= 3 and chosen.count("ar") >= 2  # the runner-up and the third
     # each much slower one gets about EXPLORE_SHARE / 2 of the time, so both together about EXPLORE_SHARE
     assert time_share(chosen, "tree", cost) + time_share(chosen, "ar", cost) <= EXPLORE_SHARE * 1.5
