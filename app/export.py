@@ -19,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from . import figures as fmt
+from .markdown_blocks import with_fences_closed
 from .storage import COMPLETE, ChatStore, Conversation, StoredMessage
 
 FORMAT = "tandem-chat"
@@ -41,7 +42,8 @@ def as_markdown(conversation: Conversation, messages: list[StoredMessage]) -> st
         lines += [f"## {ROLE_TITLES.get(message.role, message.role)}", ""]
         if message.approximate:
             lines += [f"*Approximate: written by {fmt.method_title(message.verifier)}.*", ""]
-        lines += [message.content.rstrip() or "*(empty)*", ""]
+        # a stopped reply may end inside a code block: closed, or its ending and figures read as code
+        lines += [with_fences_closed(message.content.rstrip()) or "*(empty)*", ""]
         if message.status != COMPLETE:
             ended = STATUS_WORDS.get(message.status, message.status)
             lines += [f"*{ended}{': ' + message.note if message.note else '.'}*", ""]

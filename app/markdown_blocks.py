@@ -14,6 +14,7 @@ class Block:
     text: str
     language: str = ""
     closed: bool = True  # False for a code block whose closing fence has not streamed yet
+    fence: str = ""  # a code block's opening fence: "```", "~~~~"
 
 
 def split_blocks(markdown: str) -> list[Block]:
@@ -31,14 +32,23 @@ def split_blocks(markdown: str) -> list[Block]:
             else:
                 prose.append(line)
         elif line.strip().startswith(fence[0] * len(fence)) and not line.strip().strip(fence[0]):
-            blocks.append(Block("code", "\n".join(code), language))
+            blocks.append(Block("code", "\n".join(code), language, fence=fence))
             code, fence = [], ""
         else:
             code.append(line)
     if fence:
-        blocks.append(Block("code", "\n".join(code), language, closed=False))
+        blocks.append(Block("code", "\n".join(code), language, closed=False, fence=fence))
     _flush_prose(blocks, prose)
     return blocks
+
+
+def with_fences_closed(markdown: str) -> str:
+    """`markdown` with its last code block closed where it was left open (a stopped reply), so
+    that what follows it is not read as code."""
+    blocks = split_blocks(markdown)
+    if not blocks or blocks[-1].closed:
+        return markdown
+    return markdown.rstrip("\n") + "\n" + blocks[-1].fence
 
 
 def _flush_prose(blocks: list[Block], lines: list[str]) -> None:

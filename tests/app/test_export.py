@@ -9,6 +9,7 @@ import pytest
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from app.export import ExportError, as_markdown, export_all, export_conversation
+from app.markdown_blocks import split_blocks
 from app.storage import STOPPED, open_chat_store
 from tests.app.helpers import send_and_wait
 
@@ -48,6 +49,19 @@ def test_markdown_has_the_title_the_system_prompt_each_turn_and_the_figures_line
     assert "24.0 tok/s" in text and "chain, K=4, greedy" in text and "reached the 12-token limit" in text
     assert "*Stopped.*" in text
     assert text.index("Why do owls") < text.index("Because mice") < text.index("And by day") < text.index("They sle")
+
+
+def test_a_reply_stopped_inside_a_code_block_is_closed_before_its_ending_and_figures(store):
+    conversation = store.create_conversation("Loops")
+    store.add_message(conversation.id, "user", "Write a loop")
+    cut = store.add_message(conversation.id, "assistant", "")
+    store.finish_reply(cut.id, "Here:\n\n```python\nfor i in range(3):\n    print(i", [], FIGURES, STOPPED, "")
+    text = as_markdown(store.conversation(conversation.id), store.messages(conversation.id))
+    # every fence line opens or closes a block: an even count, the last one before the ending
+    fences = [line for line in text.splitlines() if line.startswith("```")]
+    assert fences == ["```python", "```"]
+    assert text.index("    print(i\n```\n") < text.index("*Stopped.*") < text.index("24.0 tok/s")
+    assert split_blocks(text)[-1].kind == "prose"  # the figures line reads as text, not code
 
 
 def test_json_is_the_stored_conversation_field_for_field(store, tmp_path):

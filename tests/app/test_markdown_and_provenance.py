@@ -1,7 +1,7 @@
 """Splitting replies into prose and code, and provenance runs."""
 from __future__ import annotations
 
-from app.markdown_blocks import Block, split_blocks
+from app.markdown_blocks import Block, split_blocks, with_fences_closed
 from app.provenance import coloured_html, extend_runs, fit_runs, split_delta
 from engine.events import Provenance, TextDelta
 
@@ -10,10 +10,16 @@ def test_code_fences_become_their_own_blocks_even_half_streamed():
     text = "Intro\n\n```python\nprint(1)\n```\nAfter\n\n~~~\nopen"
     assert split_blocks(text) == [
         Block("prose", "Intro"),
-        Block("code", "print(1)", "python"),
+        Block("code", "print(1)", "python", fence="```"),
         Block("prose", "After"),
-        Block("code", "open", "", closed=False),
+        Block("code", "open", "", closed=False, fence="~~~"),
     ]
+
+
+def test_a_code_block_left_open_is_closed_with_its_own_fence():
+    assert with_fences_closed("Look:\n\n````sh\nls\n```\nrm\n") == "Look:\n\n````sh\nls\n```\nrm\n````"
+    closed = "Look:\n\n~~~\nls\n~~~\nDone."
+    assert with_fences_closed(closed) == closed
 
 
 def test_a_delta_is_shared_among_its_tokens_at_word_starts():
