@@ -2,8 +2,8 @@
 input box with Send / Stop."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QKeyEvent, QKeySequence, QShortcut
+from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtGui import QAction, QKeyEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -119,7 +119,8 @@ class ChatView(QScrollArea):
 
 
 class InputBox(QPlainTextEdit):
-    """Enter sends; Shift+Enter starts a new line; Escape cancels an edit."""
+    """Enter sends; Shift+Enter starts a new line; Escape cancels an edit; a key that one of
+    the window's actions answers to (File → Export's Ctrl+E) is the window's."""
 
     submitted = Signal()
     cancelled = Signal()
@@ -141,6 +142,26 @@ class InputBox(QPlainTextEdit):
             self.cancelled.emit()
             return
         super().keyPressEvent(event)
+
+    def event(self, event: QEvent) -> bool:
+        # A text box claims its editing keys before any shortcut sees them, and with X11's and
+        # GNOME's key bindings Ctrl+E is one (end of line): Export did nothing from here.
+        if event.type() == QEvent.Type.ShortcutOverride and self._window_answers(event):
+            event.ignore()  # not claimed: the window's shortcut runs
+            return True
+        return super().event(event)
+
+    def _window_answers(self, event: QKeyEvent) -> bool:
+        """Whether an enabled action of this window has `event`'s key as its shortcut."""
+        if not event.modifiers() & (Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.AltModifier
+                                    | Qt.KeyboardModifier.MetaModifier):
+            return False  # typing: no window shortcut is a bare key
+        pressed = QKeySequence(event.keyCombination())
+        return any(
+            shortcut.matches(pressed) == QKeySequence.SequenceMatch.ExactMatch
+            for action in self.window().findChildren(QAction) if action.isEnabled()
+            for shortcut in action.shortcuts()
+        )
 
 
 class Banner(QFrame):

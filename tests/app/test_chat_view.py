@@ -1,8 +1,11 @@
-"""The chat view keeps the newest message in sight, whatever came before it."""
+"""The chat view keeps the newest message in sight, whatever came before it; the window's
+shortcuts work while the message box has the focus."""
 from __future__ import annotations
 
 import pytest
-from PySide6.QtWidgets import QApplication
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QKeySequence
+from PySide6.QtWidgets import QApplication, QFileDialog
 
 from tests.app.fake_engine import FakeEngine
 from tests.app.helpers import last_reply, send_and_wait
@@ -45,3 +48,25 @@ def test_after_a_restart_the_last_reply_of_a_long_conversation_is_in_view(make_w
     again = make_window(FakeEngine(reply="A short reply."))
     qtbot.waitUntil(lambda: again.client.pair is not None, timeout=5000)
     assert shows_at_the_bottom(again, last_reply(again))
+
+
+def test_the_windows_shortcuts_work_while_the_message_box_has_the_focus(ready_window, qtbot, monkeypatch):
+    window = ready_window()
+    send_and_wait(qtbot, window, "Tell me about owls")
+    exports = []
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *args, **kwargs: exports.append(args) or ("", ""))
+    box = window.pane.input
+    box.setFocus()
+    qtbot.waitUntil(box.hasFocus)
+    box.setPlainText("a draft")
+    qtbot.keyClick(box, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
+    assert len(exports) == 1 and box.toPlainText() == "a draft"
+    # With X11's and GNOME's key bindings the box claims Ctrl+E for itself (end of line); the
+    # offscreen platform's do not, so here Export takes a key the box claims everywhere.
+    window.export_chat_action.setShortcut(QKeySequence.StandardKey.SelectAll)
+    qtbot.keyClick(box, Qt.Key.Key_A, Qt.KeyboardModifier.ControlModifier)
+    assert len(exports) == 2 and box.textCursor().selectedText() == ""
+    # A key no action of the window answers to stays the box's.
+    window.export_chat_action.setShortcut(QKeySequence("Ctrl+E"))
+    qtbot.keyClick(box, Qt.Key.Key_A, Qt.KeyboardModifier.ControlModifier)
+    assert len(exports) == 2 and box.textCursor().selectedText() == "a draft"
