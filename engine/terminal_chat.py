@@ -29,7 +29,8 @@ from .stats import GenerationStats
 from . import terminal_editor
 from .terminal_input import MessageReader
 
-HELP = """Commands: /reset (new conversation), /system TEXT, /method ar|chain|tree|staged|ngram|adaptive,
+HELP = f"""Commands: /reset (new conversation), /system TEXT,
+/method {"|".join(methods.NAMES)} (what this pair cannot run, it says why),
 /verifier exact|sprinter (SPRINTER is approximate: tokens its learned verifier passes are not checked
 by the target; it needs the pair's calibrated heads: tandem calibrate --pair NAME),
 /temperature T (0 is greedy: the same reply every time), /continue (write more of a reply the token
@@ -38,6 +39,12 @@ A message can span lines: paste them (a paste is one message, sent when you pres
 with \\ to go on with the next, or put the lines between two lines of \"\"\". What you type while a
 reply streams waits, unechoed, for the next message.
 Ctrl-C stops a reply; Ctrl-L clears the screen; Ctrl-D quits."""
+
+# Why `/continue` wrote nothing, by how the generation ended ("stopped" says so itself)
+NOTHING_MORE = {
+    "eos": "the model ends its reply there; ask something to go on",
+    "context": "the conversation fills the model's context; /reset starts a new one",
+}
 
 
 def stats_line(stats: GenerationStats) -> str:
@@ -254,6 +261,8 @@ class TerminalChat:
             self.out.write("[stopped]\n")
         if carried_on is not None:
             self.history = messages[:-1] + [Message("assistant", carried_on + finished.text)]
+            if not finished.token_ids and finished.stop_reason in NOTHING_MORE:
+                self.out.write(f"(nothing more was written: {NOTHING_MORE[finished.stop_reason]})\n")
         elif finished.token_ids:
             self.history = messages + [Message("assistant", finished.text)]
         else:

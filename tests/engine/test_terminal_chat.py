@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from engine import methods
 from engine.chat_prompt import Message
 from engine.config import DecodeSettings
 from engine.methods import default_method
@@ -374,3 +375,19 @@ def test_continue_carries_on_a_reply_the_token_limit_stopped(tiny_pair):
 def test_continue_with_nothing_to_continue_says_so(tiny_pair):
     _, printed = chat_with(tiny_pair, ["/continue"])
     assert "(there is no reply to continue)" in printed
+
+
+def test_the_help_lists_every_method_of_the_table(tiny_pair):
+    _chat, printed = chat_with(tiny_pair, ["/help"])
+    (listed,) = re.findall(r"/method (\S+) ", printed)
+    assert listed.split("|") == [row.name for row in methods.TABLE]
+
+
+def test_continue_after_a_reply_that_ended_on_its_own_says_why_nothing_more_came(tiny_pair):
+    # The target's third greedy token after "w9" becomes its stop token: the reply ends on its own.
+    first, _ = chat_with(tiny_pair, ["w9"], DecodeSettings(method="ar", max_new_tokens=5))
+    third = tiny_pair.tokenizer.encode(first.history[-1].content, add_special_tokens=False)[2]
+    tiny_pair.stop_token_ids = frozenset({third})
+    chat, printed = chat_with(tiny_pair, ["w9", "/continue"], DecodeSettings(method="ar", max_new_tokens=5))
+    assert "(nothing more was written: the model ends its reply there; ask something to go on)" in printed
+    assert [m.role for m in chat.history] == ["user", "assistant"]
