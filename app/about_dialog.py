@@ -49,7 +49,7 @@ def about_rows(pair: PairInfo | None, added_models: list[str]) -> dict[str, list
         pair_rows = [
             ("Pair", pair.config.name),
             ("Target", pair.config.target.source),
-            ("Draft", pair.config.draft_label),
+            ("Draft", pair.config.draft_model_label),  # the head has a row of its own
             ("EAGLE-3 head", described.get("eagle") or "none"),
             ("Runs on", f"{described.get('device', '?')}, {described.get('precision', '?')}, "
                         f"{described.get('runtime', 'torch')}"),

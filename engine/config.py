@@ -110,8 +110,13 @@ class PairConfig:
             raise ConfigError(f"unknown runtime {self.runtime!r}; choose one of {', '.join(RUNTIMES)}")
 
     @property
+    def draft_model_label(self) -> str:
+        """The draft model, or the n-gram drafter where the pair has none; not its EAGLE-3 head."""
+        return self.draft.source if self.draft else "n-gram prompt lookup"
+
+    @property
     def draft_label(self) -> str:
-        drafters = [self.draft.source if self.draft else "n-gram prompt lookup"]
+        drafters = [self.draft_model_label]
         if self.eagle:
             drafters.append(f"EAGLE-3 head {self.eagle}")
         return " + ".join(drafters)

@@ -77,6 +77,7 @@ def test_about_shows_versions_the_pair_and_where_files_live(ready_window, tandem
     assert f"Qt: {qVersion()}" in text and "torch: " in text and "llama.cpp (llama-cpp-python): " in text
     assert "Pair: demo" in text and "Target: " in text and "Draft: " in text and "Runs on: cpu, bf16" in text
     assert "EAGLE-3 head: smollm2-135m-eagle3" in text
+    assert text.count("EAGLE-3 head") == 1  # its own row, not the draft's too
     assert f"Chats: {tandem_home / 'data' / 'chats.sqlite3'}" in text
     assert f"Settings: {tandem_home / 'config' / 'app-settings.json'}" in text
     assert f"Cache folder: {tandem_home / 'cache'}" in text and "Downloaded models: " in text
