@@ -10,10 +10,12 @@ stays invisible there. Everything runs from a folder outside the checkout.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -34,8 +36,8 @@ def files_under(folder: Path) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
-    """A fresh virtual environment with only the wheel installed in it; returns its folder."""
+def wheel(tmp_path_factory) -> Path:
+    """The wheel built from a copy of this tree."""
     work = tmp_path_factory.mktemp("wheel")
     # A copy of what the wheel is built from, so no stale build/ folder of the checkout can leak into it.
     source = work / "source"
@@ -49,7 +51,13 @@ def installed(tmp_path_factory) -> Path:
     )
     [wheel] = (work / "dist").glob("tandem-*.whl")
     assert wheel.name == f"tandem-{engine.__version__}-py3-none-any.whl"  # pyproject reads the version from engine
+    return wheel
 
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path) -> Path:
+    """A fresh virtual environment with only the wheel installed in it; returns its folder."""
+    work = wheel.parent.parent
     environment = work / "venv"
     venv.EnvBuilder(with_pip=False).create(environment)
     python = environment / "bin" / "python"
@@ -86,6 +94,20 @@ def test_the_wheel_holds_every_module_and_resource_and_imports_from_the_environm
         assert files_under(folder) == files_under(ROOT / package), package
     assert "drafts/smollm2-135m-draft/heads/heads.safetensors" in files_under(installed_folder(installed, "resources"))
     assert "heads/store.py" in files_under(installed_folder(installed, "engine"))
+
+
+def test_the_wheel_is_almost_all_the_demo_draft(wheel):
+    # What packaging/README.md says of it instead of a size in MB, which went stale (51.7 of 67.5).
+    with zipfile.ZipFile(wheel) as archive:
+        draft = sum(entry.compress_size for entry in archive.infolist() if entry.filename.startswith("resources/drafts/"))
+    assert draft >= 0.9 * wheel.stat().st_size
+
+
+def test_no_readme_writes_the_wheels_size_by_hand():
+    for readme in (ROOT / "README.md", ROOT / "packaging" / "README.md"):
+        for line in readme.read_text(encoding="utf-8").splitlines():
+            if "wheel" in line.lower():
+                assert not re.search(r"\d+(\.\d+)? ?MB", line), f"{readme.name}: {line}"
 
 
 def test_the_installed_command_prints_its_version(installed):
