@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import importlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -59,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     from .tools.export_gguf import add_export_gguf_command
     from .tools.calibrate.command import add_calibrate_command
     from .tools.tune import add_tune_command
+    from .serve.limits import ServerLimits
 
     parser = argparse.ArgumentParser(
         prog="tandem",
@@ -101,6 +103,31 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--profile", type=int, metavar="N", default=0, help="also print the N functions that took the most time")
     bench.set_defaults(run=_run_bench)
+
+    serve = commands.add_parser(
+        "serve", help="serve the pair to other programs over a local OpenAI-compatible HTTP API "
+        "(/v1/chat/completions, /v1/completions, /v1/models, /health)",
+    )
+    _add_pair_arguments(serve)
+    serve.add_argument(
+        "--host", default="127.0.0.1",
+        help="the address to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 opens it to the network)",
+    )
+    serve.add_argument("--port", type=int, default=8080, help="(default: 8080)")
+    serve.add_argument(
+        "--api-key", default=os.environ.get("TANDEM_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every /v1 request (default: $TANDEM_API_KEY, else none)",
+    )
+    limits = ServerLimits()
+    serve.add_argument(
+        "--max-tokens-limit", type=int, default=limits.max_tokens,
+        help=f"the most tokens a request's max_tokens may ask for, and what one that sets none gets (default: {limits.max_tokens})",
+    )
+    serve.add_argument(
+        "--max-waiting", type=int, default=limits.max_waiting,
+        help=f"requests that may wait while one is generated; more are refused with 503 (default: {limits.max_waiting})",
+    )
+    serve.set_defaults(run=_run_serve)
 
     soak = commands.add_parser(
         "soak", help="send many replies through the desktop app's engine thread and chat store, switching methods "
@@ -290,6 +317,14 @@ def _run_bench(args: argparse.Namespace) -> int:
         args.json_out.write_text(json.dumps(report, indent=2), encoding="utf-8")
         print(f"report written to {args.json_out}", file=sys.stderr)
     return 0
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from .serve.command import serve
+    from .serve.limits import ServerLimits
+
+    limits = ServerLimits(max_tokens=args.max_tokens_limit, max_waiting=args.max_waiting)  # refused before the load
+    return serve(_load(_pair_from_args(args)), args.host, args.port, args.api_key, limits)
 
 
 def _run_soak(args: argparse.Namespace) -> int:
