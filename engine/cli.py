@@ -120,11 +120,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     limits = ServerLimits()
     serve.add_argument(
-        "--max-tokens-limit", type=int, default=limits.max_tokens,
+        "--max-tokens-limit", type=_at_least_one, default=limits.max_tokens,
         help=f"the most tokens a request's max_tokens may ask for, and what one that sets none gets (default: {limits.max_tokens})",
     )
     serve.add_argument(
-        "--max-waiting", type=int, default=limits.max_waiting,
+        "--max-waiting", type=_at_least_one, default=limits.max_waiting,
         help=f"requests that may wait while one is generated; more are refused with 503 (default: {limits.max_waiting})",
     )
     serve.set_defaults(run=_run_serve)
@@ -162,6 +162,13 @@ class _PrintReport(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         print(self.report())
         parser.exit()
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def _add_pair_arguments(parser: argparse.ArgumentParser) -> None:
@@ -323,7 +330,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     from .serve.command import serve
     from .serve.limits import ServerLimits
 
-    limits = ServerLimits(max_tokens=args.max_tokens_limit, max_waiting=args.max_waiting)  # refused before the load
+    limits = ServerLimits(max_tokens=args.max_tokens_limit, max_waiting=args.max_waiting)
     return serve(_load(_pair_from_args(args)), args.host, args.port, args.api_key, limits)
 
 

@@ -19,4 +19,4 @@ class ServerLimits:
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_tokens", "max_waiting"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{name.replace('_', '-')} must be at least 1")
+                raise ConfigError(f"the server's {name} must be at least 1")
