@@ -6,6 +6,8 @@
 - only the runtimes and the tools ask torch about CUDA;
 - the core never imports the offline tools (engine/tools/): they stand above it, and only
   the console command (engine/cli.py), which stands above both, registers them;
+- only the server (engine/serve/) imports its web stack (Starlette, uvicorn), and only the
+  console command imports the server: the engine runs without them;
 - the runtimes and the method table stand below the pair descriptions, the loading and the
   session that use them: they never import engine.config, engine.models or engine.session,
   not even for type hints (they describe what they read as Protocols).
@@ -78,6 +80,19 @@ def test_the_core_never_imports_the_offline_tools():
     def breaks(path, module, names):
         above = in_folder(path, "engine/tools") or path == ROOT / "engine" / "cli.py"
         return not above and (module.startswith("engine.tools") or (module == "engine" and "tools" in names))
+
+    assert violations(breaks) == []
+
+
+WEB_STACK = ("starlette", "uvicorn")
+
+
+def test_only_the_server_imports_the_web_stack_and_only_the_command_imports_the_server():
+    def breaks(path, module, names):
+        if in_folder(path, "engine/serve"):
+            return False
+        server = module.startswith("engine.serve") or (module == "engine" and "serve" in names)
+        return module.split(".")[0] in WEB_STACK or (server and path != ROOT / "engine" / "cli.py")
 
     assert violations(breaks) == []
 
