@@ -3,6 +3,7 @@ on the right; a toolbar to switch pair, method and verifier (Exact | SPRINTER); 
 in the status bar."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt, QTimer, Slot
@@ -32,6 +33,7 @@ from engine.config import (
 from engine.events import Finished
 from engine.pairs import all_pairs, builtin_pairs
 from engine.paths import config_dir
+from engine.runtime.cpu import count_as_others
 from engine.stats import GenerationStats
 
 from . import export, theme
@@ -108,6 +110,9 @@ class MainWindow(QMainWindow):
     def __init__(self, engine: EngineApi | None = None):
         super().__init__()
         self.setWindowTitle("Tandem")
+        # The window thread's CPU time counts against the engine's thread budget: a core it uses is
+        # one the native forward's threads would wait for at their barriers (engine/runtime/cpu.py).
+        count_as_others(threading.get_native_id())
         self.settings, settings_warning = load_settings()
         theme.apply_theme(self.settings.theme)  # before any widget reads the palette
         self.store, store_warning = open_chat_store()

@@ -70,6 +70,58 @@ class ThreadBudget:
         return self._threads
 
 
+# Threads of this process whose work is not the forwards' (the window's own thread): their CPU
+# time counts as the rest of the machine's in the forwards' budget, since a core they use is a
+# core a forward's thread would wait for at a barrier.
+_threads_of_others: set[int] = set()
+_forward_budget: ThreadBudget | None = None
+
+
+def count_as_others(native_thread_id: int) -> None:
+    """Count this thread's CPU time as taken from the forwards (the app registers its window's thread)."""
+    _threads_of_others.add(native_thread_id)
+
+
+def forward_threads() -> int:
+    """Threads for the native forward and the int8 kernel now: TANDEM_THREADS where set, else
+    as many of torch's threads as the budget of free cores allows. Their OpenMP threads meet
+    at a barrier after every product, as llama.cpp's do, and fall to a fraction of their speed
+    when one of them waits for a core that another process holds (measured in
+    docs/BENCHMARKS.md): the budget gives that core up instead."""
+    global _forward_budget
+    fixed = chosen_threads()
+    if fixed:
+        return fixed
+    if _forward_budget is None:
+        _forward_budget = ThreadBudget(torch_threads(), read_busy=busy_seconds_with_others)
+    return _forward_budget.threads()
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def busy_seconds_with_others() -> tuple[float, float]:
+    """busy_seconds, with the CPU time of the threads `count_as_others` named moved from this
+    process's own seconds to the rest of the machine's."""
+    busy, own = busy_seconds()
+    return busy, own - sum(_thread_seconds(thread) for thread in _threads_of_others)
+
+
+def _thread_seconds(native_thread_id: int) -> float:
+    """CPU seconds one thread of this process has run (0 where it is gone or unknown)."""
+    try:
+        fields = Path(f"/proc/self/task/{native_thread_id}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
 @cache
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags (Linux); empty where /proc/cpuinfo does not exist."""

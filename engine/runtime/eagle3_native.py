@@ -18,6 +18,7 @@ import ctypes
 import torch
 
 from . import int8_kernel
+from .cpu import forward_threads
 from .eagle3_head import Eagle3Head
 from .int8_weights import Int8Linear, join_rows, quantise_rows
 from .native_forward import DecoderStruct, LayerStruct, int8_struct
@@ -113,7 +114,7 @@ class NativeHeadLayer:
             ctypes.byref(self._decoder), self._norms[2].data_ptr(), count, (ctypes.c_int64 * count)(*ids), inputs.data_ptr(),
             (ctypes.c_int64 * count)(*positions), (ctypes.c_int64 * count)(*range(start, start + count)), visible.data_ptr(),
             visible.shape[1], 0, visible.shape[1], wanted_from, logits.data_ptr(), outputs.data_ptr(),
-            torch.get_num_threads(),
+            forward_threads(),
         )
         if status == -1:
             raise MemoryError("out of memory for the EAGLE-3 head's activations")

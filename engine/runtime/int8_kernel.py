@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from .. import paths
-from .cpu import cpu_flags
+from .cpu import cpu_flags, forward_threads
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ def kernel_product(x: torch.Tensor, weight: torch.Tensor, row_sums: torch.Tensor
     out = torch.empty((rows, outputs), dtype=torch.float32)
     failed = library.tandem_int8_product(
         x.data_ptr(), rows, width, weight.data_ptr(), outputs, weight.stride(0), row_sums.data_ptr(), out.data_ptr(),
-        torch.get_num_threads(),
+        forward_threads(),
     )
     if failed:
         raise MemoryError("out of memory for the int8 product's rounded activations")

@@ -26,6 +26,7 @@ import ctypes
 import torch
 
 from . import int8_kernel
+from .cpu import forward_threads
 from .int8_weights import Int8Embedding, Int8Linear
 from .static_families import recipe_for, static_refusal
 
@@ -220,7 +221,7 @@ class NativeForward:
             ctypes.byref(self._decoder), count, ids_buffer, positions_buffer, rows_buffer, visible.data_ptr(),
             visible.shape[1], first_row, visible.shape[1], wanted_from, logits.data_ptr(),
             None if hidden is None else hidden.data_ptr(), self._features, len(self.feature_layers),
-            None if features is None else features.data_ptr(), torch.get_num_threads(),
+            None if features is None else features.data_ptr(), forward_threads(),
         )
         _raise_for(status)
         return logits, hidden, features
@@ -240,7 +241,7 @@ class NativeForward:
         features = torch.empty(count, len(self.feature_layers) * self.hidden) if self.feature_layers else None
         status = self.library.tandem_decoder_forward_spans(
             ctypes.byref(self._decoder), count, *buffers, wanted_from, logits.data_ptr(), self._features,
-            len(self.feature_layers), None if features is None else features.data_ptr(), torch.get_num_threads(),
+            len(self.feature_layers), None if features is None else features.data_ptr(), forward_threads(),
         )
         _raise_for(status)
         return logits, features

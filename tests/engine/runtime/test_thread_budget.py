@@ -76,3 +76,74 @@ def test_a_fixed_thread_count_is_kept(f32_weights, monkeypatch):
     runtime = llamacpp.LlamaCppRuntime(f32_weights, context_length=256)
     assert runtime._context._thread_budget is None and runtime.threads == 1
     runtime.close()
+
+
+def test_the_native_forwards_threads_follow_the_budget_and_the_windows_thread_counts_as_others(monkeypatch):
+    """The native forward's OpenMP threads meet at a barrier after every product: two threads
+    with one core taken ran the demo target at 2-4 tok/s where one thread ran 140. So they
+    take the budget's count, and the CPU time of a thread registered as another's work (the
+    app's window) is the rest of the machine's, not the forward's."""
+    import threading
+
+    from engine.runtime import cpu
+
+    monkeypatch.delenv("TANDEM_THREADS", raising=False)
+    machine = Machine()
+    window_seconds = [0.0]
+    monkeypatch.setattr(cpu, "busy_seconds", lambda: (machine.busy, machine.own))
+    monkeypatch.setattr(cpu, "_thread_seconds", lambda thread: window_seconds[0])
+    monkeypatch.setattr(cpu, "_forward_budget", None)
+    monkeypatch.setattr(cpu, "torch_threads", lambda: 2)
+    monkeypatch.setattr(cpu, "_threads_of_others", set())
+    real_budget = cpu.ThreadBudget
+    monkeypatch.setattr(cpu, "ThreadBudget", lambda cores, read_busy: real_budget(cores, read_busy=read_busy, clock=lambda: machine.now))
+
+    assert cpu.forward_threads() == 2
+    machine.run(1.0, others_busy=0.0, own_busy=2.0)
+    assert cpu.forward_threads() == 2  # quiet
+    machine.run(1.0, others_busy=1.0, own_busy=1.0)
+    assert cpu.forward_threads() == 1  # another process holds a core
+    machine.run(1.0, others_busy=0.0, own_busy=2.0)
+    assert cpu.forward_threads() == 2
+    # The window's thread busy for a whole core, inside this process: not the forward's core.
+    machine.run(1.0, others_busy=0.0, own_busy=2.0)
+    assert cpu.forward_threads() == 2  # not registered: it counts as the forward's own
+    cpu.count_as_others(threading.get_native_id())
+    window_seconds[0] += 1.0
+    machine.run(1.0, others_busy=0.0, own_busy=2.0)
+    assert cpu.forward_threads() == 1
+    monkeypatch.setenv("TANDEM_THREADS", "2")
+    assert cpu.forward_threads() == 2  # a fixed count is kept
+
+
+def test_a_threads_cpu_seconds_are_read_for_this_process():
+    import threading
+    import time
+
+    from engine.runtime import cpu
+
+    before = cpu._thread_seconds(threading.get_native_id())
+    end = time.thread_time() + 0.2
+    while time.thread_time() < end:
+        pass
+    assert cpu._thread_seconds(threading.get_native_id()) - before >= 0.1
+    assert cpu._thread_seconds(2**31 - 1) == 0.0  # no such thread
+
+
+def test_the_native_forward_gives_the_same_logits_on_one_thread_as_on_two(monkeypatch):
+    from engine.runtime import native_forward
+    from engine.runtime.int8_weights import quantise_weight_only
+    from engine.runtime.torch_static import StaticTorchRuntime
+
+    from ..tiny_models import tiny_llama
+
+    model = quantise_weight_only(tiny_llama(seed=2, vocab_size=64, hidden=64))
+    ids = [5, 9, 11, 40, 2, 7, 33, 12]
+    results = []
+    for threads in (1, 2):
+        monkeypatch.setattr(native_forward, "forward_threads", lambda: threads)
+        runtime = StaticTorchRuntime(model, torch.device("cpu"), 200, graphs=False)
+        if runtime.native is None:
+            pytest.skip(f"the native forward does not run here: {runtime.name}")
+        results.append(runtime.forward(ids, logits_wanted=8))
+    assert torch.equal(*results)
