@@ -1,5 +1,6 @@
 """`tandem serve`: a local OpenAI-compatible HTTP server over one loaded pair.
 
+    command.py      `tandem serve`: the loaded pair served by uvicorn
     app.py          the routes (Starlette): /v1/chat/completions, /v1/completions, /v1/models, /health
     requests.py     a request's JSON read into a CompletionRequest, every value checked
     responses.py    OpenAI's response and stream-chunk shapes, with the engine's figures as `timings`

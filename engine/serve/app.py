@@ -16,7 +16,7 @@ import contextlib
 import hmac
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -62,7 +62,7 @@ class Api:
     def __init__(self, pairs: PairHost, queue: GenerationQueue, api_key: str | None, limits: ServerLimits):
         self.pairs = pairs
         self.queue = queue
-        self.api_key = api_key
+        self.api_key = api_key or None  # an empty key would let every request in with "Bearer "
         self.limits = limits
         self.started = int(time.time())
 
@@ -108,9 +108,7 @@ class Api:
                 # From here the streaming response watches for the client leaving itself (two
                 # readers of the connection's messages would each miss some).
                 watcher.cancel()
-                return StreamingResponse(
-                    event_stream(shape, asked, first, job), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-                )
+                return JobStream(job, event_stream(shape, asked, first, job))
             return JSONResponse(await _whole_reply(shape, first, job))
         except BaseException:
             job.cancel()
@@ -124,6 +122,22 @@ class Api:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.api_key.encode()):
             raise RequestError(401, "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'.", "invalid_api_key")
+
+
+class JobStream(StreamingResponse):
+    """A reply streamed as server-sent events. However the stream ends, its job is cancelled
+    at the end: a no-op for a reply that is done; for a client that went away (Starlette
+    stops sending, even before the first event), the engine stops after its current round."""
+
+    def __init__(self, job: Job, events: AsyncIterator[str]):
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.job = job
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()
 
 
 async def _whole_reply(shape: Shape, prepared: Prepared, job: Job) -> dict:

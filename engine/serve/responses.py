@@ -56,27 +56,24 @@ def whole_response(shape: Shape, prepared: Prepared, text: str, done: Done) -> d
 
 
 async def event_stream(shape: Shape, request: CompletionRequest, prepared: Prepared, job: Job) -> AsyncIterator[str]:
-    """The reply as server-sent events, from its prompt on. Leaving early (the client went
-    away: the server cancels this iterator) cancels the job, so the engine stops."""
+    """The reply as server-sent events, from its prompt on (the stream's response cancels
+    the job if the client leaves: engine/serve/app.py's JobStream)."""
     header = _header(shape, shape.chunk_object, prepared.model)
-    try:
-        if shape.chat:
-            yield _event({**header, "choices": [shape.chunk_choice({"role": "assistant", "content": ""}, None)]})
-        while True:
-            event = await job.next_event()
-            if isinstance(event, Text):
-                yield _event({**header, "choices": [shape.chunk_choice({"content": event.text}, None)]})
-            elif isinstance(event, Done):
-                yield _event({**header, "choices": [shape.chunk_choice({}, event.finish_reason)], "timings": timings(event)})
-                if request.include_usage:
-                    yield _event({**header, "choices": [], "usage": usage(event.stats)})
-                yield "data: [DONE]\n\n"
-                return
-            elif isinstance(event, Failed):  # after the 200 went out: the error is the stream's last event
-                yield _event(event.error.to_json())
-                return
-    finally:
-        job.cancel()  # nothing to stop once the reply is done
+    if shape.chat:
+        yield _event({**header, "choices": [shape.chunk_choice({"role": "assistant", "content": ""}, None)]})
+    while True:
+        event = await job.next_event()
+        if isinstance(event, Text):
+            yield _event({**header, "choices": [shape.chunk_choice({"content": event.text}, None)]})
+        elif isinstance(event, Done):
+            yield _event({**header, "choices": [shape.chunk_choice({}, event.finish_reason)], "timings": timings(event)})
+            if request.include_usage:
+                yield _event({**header, "choices": [], "usage": usage(event.stats)})
+            yield "data: [DONE]\n\n"
+            return
+        elif isinstance(event, Failed):  # after the 200 went out: the error is the stream's last event
+            yield _event(event.error.to_json())
+            return
 
 
 def usage(stats: GenerationStats) -> dict:

@@ -86,7 +86,8 @@ class Job:
 
     # The worker's side
 
-    def run_generation(self, generation: Generation) -> None:
+    def attach(self, generation: Generation) -> None:
+        """The generation that `cancel()` stops, once the worker has made it."""
         self._generation = generation
         if self.cancelled:  # cancelled between the check before the start and now
             generation.stop()
@@ -186,7 +187,7 @@ class GenerationQueue:
             generation = pair.complete(request.prompt, settings)
         else:
             generation = pair.generate(list(request.messages), settings)
-        job.run_generation(generation)
+        job.attach(generation)
         stops = StopStrings(request.stop)
         for event in generation:
             if isinstance(event, PromptPrepared):
