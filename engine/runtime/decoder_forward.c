@@ -31,39 +31,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tandem_abi.h"
+
 int tandem_int8_linear(const float *x, int64_t m, int64_t k, const int8_t *w, int64_t n, int64_t w_stride,
                        const int32_t *row_sums, const float *row_scale, const float *bias, float *out,
                        void (*prepare)(const void *context, int64_t row), const void *context, int threads);
-
-typedef struct {
-    const int8_t *weight;   /* (rows, width) row-major */
-    const float *scale;     /* (rows,) */
-    const int32_t *row_sums; /* (rows,) */
-    const float *bias;      /* (rows,) or NULL */
-    int64_t rows, width;
-} TandemInt8;
-
-typedef struct {
-    const float *input_norm, *post_attention_norm; /* (hidden,) */
-    TandemInt8 qkv;      /* queries, keys, values side by side */
-    TandemInt8 output;   /* o_proj */
-    TandemInt8 gate_up;  /* gate, up side by side */
-    TandemInt8 down;
-    float *keys, *values; /* (kv_heads, cache_rows, head_dim) */
-    const float *q_norm, *k_norm; /* (head_dim,): RMSNorm of each query and key head (Qwen3), or NULL */
-} TandemLayer;
-
-typedef struct {
-    int64_t layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, cache_rows;
-    float eps, attention_scale;
-    const int8_t *embedding; /* (vocab, hidden) */
-    const float *embedding_scale; /* (vocab,) */
-    const float *final_norm;
-    TandemInt8 lm_head;
-    const float *cos, *sin; /* (table_positions, head_dim) */
-    int64_t table_positions;
-    const TandemLayer *layer;
-} TandemDecoder;
 
 /* Attention runs in ranges of RANGE_ROWS key rows, merged with rescaling (merge_ranges). A
  * token's range r holds the key rows it sees numbered r * RANGE_ROWS on, counted in cache-row
@@ -97,9 +69,11 @@ static void rms_norm(const float *x, const float *weight, int64_t width, float e
 /* x (head_dim) rotated in place: x * cos + rotate_half(x) * sin, transformers' Llama rule. */
 static void rotate(float *x, const float *cos, const float *sin, int64_t head_dim) {
     int64_t half = head_dim / 2;
-    float rotated[512];
-    for (int64_t j = 0; j < half; j++) rotated[j] = -x[j + half], rotated[j + half] = x[j];
-    for (int64_t j = 0; j < head_dim; j++) x[j] = x[j] * cos[j] + rotated[j] * sin[j];
+    for (int64_t j = 0; j < half; j++) {
+        float first = x[j], second = x[j + half];
+        x[j] = first * cos[j] + (-second) * sin[j];
+        x[j + half] = second * cos[j + half] + first * sin[j + half];
+    }
 }
 
 /* Attention of n tokens over one key/value head's cache rows first_row + [begin, end): every
@@ -904,4 +878,10 @@ int tandem_eagle3_forward(const TandemDecoder *d, const float *hidden_norm, int6
     }
     work_free(&w);
     return status;
+}
+
+int64_t tandem_abi(int64_t *out, int64_t count) {
+    const int64_t abi[TANDEM_ABI_FIELDS] = {TANDEM_ABI_VERSION, sizeof(TandemInt8), sizeof(TandemLayer), sizeof(TandemDecoder)};
+    for (int64_t i = 0; i < count && i < TANDEM_ABI_FIELDS; i++) out[i] = abi[i];
+    return TANDEM_ABI_FIELDS;
 }

@@ -1,6 +1,7 @@
-"""The int8 layers' product on the CPU for a few tokens: Tandem's own kernel, built with the
-machine's C compiler on first use (`int8_matmul.c` with AVX-512 VNNI; `int8_matmul_avx2.c`
-with AVX-VNNI or AVX2 alone (and FMA), for the CPUs without AVX-512).
+"""The int8 layers' product on the CPU for a few tokens: Tandem's own kernel (`int8_matmul.c`
+with AVX-512 VNNI; `int8_matmul_avx2.c` with AVX-VNNI or AVX2 alone (and FMA), for the CPUs
+without AVX-512), built ahead of time for every variant (kernel_build.py) and loaded for the
+variant this CPU runs.
 
 Why: one token's forward is a matrix-vector product per layer. oneDNN's `torch._int_mm`
 reads the weights there at about half the bandwidth two cores have (docs/BENCHMARKS.md); this
@@ -14,66 +15,35 @@ about its own launch at one token.
 - Past a number of rows that depends on the variant (long verifies, prompt chunks) oneDNN's
   blocked GEMM is faster, and `torch_product` takes over; in a compiled graph the kernel runs
   one-token forwards only (`integer_product` says why).
-- Where the kernel cannot run (no AVX2, not Linux, no C compiler, a failed build),
-  `torch_product` does the work; `unavailable_reason()` says why.
+- Where the kernel cannot run (no AVX2, not Linux, no library and no C compiler, a failed
+  build, a library of another ABI), `torch_product` does the work; `unavailable_reason()` says why.
 - The product is a torch operator, so torch.compile keeps it as one opaque call in the graph.
-- The built library is cached per source and flags under Tandem's cache folder; a build takes
-  about a second, once per machine.
+- The library comes from engine/runtime/_built/ (packaging/setup.sh, the wheel, the bundle);
+  where that holds none for these sources (a checkout without setup, or pulled since), it is
+  compiled on first use by the machine's C compiler and cached per source and flags under
+  Tandem's cache folder (about a second, once). `library_origin()` says which.
 """
 from __future__ import annotations
 
 import ctypes
-import hashlib
+import logging
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .. import paths
 from .cpu import cpu_flags, forward_threads
+# The variant table lives with the build step; benches and tests read it here too.
+from .kernel_build import DECODER_SOURCE, PREBUILT_DIR, VARIANTS, BuildFailed, Variant, compile_library, library_name
 
-
-@dataclass(frozen=True)
-class Variant:
-    """One build of the kernel: a source, the CPU features it needs, the flags that use them."""
-
-    name: str
-    source: Path
-    needs: frozenset[str]
-    flags: tuple[str, ...]
-    # The most rows (tokens) it takes in an eager forward: past them the torch version is
-    # faster (docs/bench/int8_matvec.py; measured against this development CPU's AVX-512
-    # oneDNN, stronger than what a CPU of the variant's own kind has, so on the safe side).
-    most_tokens: int
-    # Whether a compiled one-token graph calls it (`integer_product`): measured for AVX-512
-    # VNNI only (docs/BENCHMARKS.md); the others are not measured on a CPU of their kind.
-    in_compiled_graphs: bool
-
-
-# -fopenmp links libgomp.so.1, the OpenMP runtime torch's wheel loads under that name, so the
-# kernel's threads are torch's own (clang's -fopenmp would bring a second runtime: use gcc).
-# -ffp-contract=off: a fused multiply-add would round differently from torch.
-_COMMON_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
-_HERE = Path(__file__).parent
-# The first variant this CPU has every feature of is built.
-VARIANTS = (
-    Variant("AVX-512 VNNI", _HERE / "int8_matmul.c", frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "bmi2"}),
-            ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mbmi2"), most_tokens=16, in_compiled_graphs=True),
-    # FMA: the native forward's attention and e^x on 8 lanes (every AVX2 CPU but a few of 2013's has it)
-    Variant("AVX-VNNI", _HERE / "int8_matmul_avx2.c", frozenset({"avx2", "fma", "avx_vnni"}), ("-mavx2", "-mfma", "-mavxvnni"),
-            most_tokens=8, in_compiled_graphs=False),
-    Variant("AVX2", _HERE / "int8_matmul_avx2.c", frozenset({"avx2", "fma"}), ("-mavx2", "-mfma"), most_tokens=4,
-            in_compiled_graphs=False),
-)
-# Built into the same library: a whole decoder forward over the kernel (native_forward.py).
-DECODER_SOURCE = _HERE / "decoder_forward.c"
-BUILD_TIMEOUT_S = 120
+# The version of tandem_abi.h's structs that native_forward.py's ctypes structs mirror: bump
+# both with any change to them (a library of another version is refused, not misread).
+ABI_VERSION = 1
 KERNEL_VARIABLE = "TANDEM_INT8_KERNEL"  # a narrower build than this CPU's, or "off" (chosen_variant)
 # Whether a compiled one-token forward calls the kernel. Read while tracing, so dynamo keeps a
 # graph per value: docs/bench/int8_kernel_step.py compiles both and times them call by call.
@@ -83,7 +53,9 @@ _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
 _reason: str | None = None  # why the kernel is not used; None until the first attempt
 _variant: Variant | None = None  # the variant loaded
+_origin: str | None = None  # where the loaded library came from (library_origin)
 _tried = False
+log = logging.getLogger("tandem.int8_kernel")
 
 
 def integer_product(x: torch.Tensor, weight: torch.Tensor, row_sums: torch.Tensor) -> torch.Tensor:
@@ -207,6 +179,13 @@ def unavailable_reason() -> str | None:
     return _reason
 
 
+def library_origin() -> str | None:
+    """Where the loaded library came from: prebuilt (its path) or compiled here at first use
+    (the compiler and the cached path); None where the kernel does not run."""
+    _loaded()
+    return _origin if _library is not None else None
+
+
 def _loaded() -> ctypes.CDLL | None:
     global _library, _reason, _tried, _variant
     if _tried:
@@ -214,12 +193,15 @@ def _loaded() -> ctypes.CDLL | None:
     with _lock:
         if not _tried:
             try:
-                _library = _load(_built())
                 _variant = chosen_variant()
+                _library = _load(_variant)
+                log.info("int8 kernel %s: %s", _variant.name, _origin)
             except KernelUnavailable as reason:
                 _reason = str(reason)
-            except (OSError, subprocess.SubprocessError, AttributeError) as error:  # a read-only cache, a hung compiler, …
+            except (OSError, subprocess.SubprocessError, AttributeError) as error:  # a read-only cache, …
                 _reason = f"the int8 kernel could not be built or loaded: {error!r}"
+            if _reason is not None:
+                log.info("int8 kernel not used: %s", _reason)
             _tried = True
     return _library
 
@@ -228,37 +210,29 @@ class KernelUnavailable(Exception):
     pass
 
 
-def _built() -> Path:
-    """The shared library of this CPU's variant, compiled if the cache lacks it."""
-    if not sys.platform.startswith("linux"):
-        raise KernelUnavailable("the int8 kernel is built for Linux only")
-    variant = chosen_variant()
+def _built(variant: Variant) -> Path:
+    """`variant`'s library compiled here into the cache, where no prebuilt one fits: a checkout
+    that setup has not built, or whose sources changed since."""
+    global _origin
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
-        raise KernelUnavailable(f"no C compiler ({os.environ.get('CC', 'cc')}) to build the int8 kernel")
+        raise KernelUnavailable(f"no prebuilt int8 kernel for these sources in {PREBUILT_DIR} "
+                                f"(packaging/setup.sh builds them), and no C compiler ({os.environ.get('CC', 'cc')}) to build it")
+    library = paths.cache_dir() / "kernels" / _library_name(variant)
+    _origin = f"compiled at first use by {compiler} into {library} (no prebuilt library for these sources in {PREBUILT_DIR})"
+    if not library.exists():
+        try:
+            compile_library(variant, library, warnings=())
+        except BuildFailed as error:
+            raise KernelUnavailable(str(error)) from error
+    return library
+
+
+def _library_name(variant: Variant) -> str:
     try:
-        source = variant.source.read_bytes() + DECODER_SOURCE.read_bytes()
+        return library_name(variant)
     except OSError as error:
         raise KernelUnavailable(f"the int8 kernel's source is missing: {error}") from error
-    flags = [*_COMMON_FLAGS, *variant.flags]
-    key = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
-    folder = paths.cache_dir() / "kernels"
-    folder.mkdir(parents=True, exist_ok=True)
-    library = folder / f"int8_matmul-{key}.so"
-    if library.exists():
-        return library
-    # Built under a temporary name and renamed: another process building at the same time
-    # never loads a half-written file.
-    with tempfile.TemporaryDirectory(dir=folder) as scratch:
-        partial = Path(scratch) / library.name
-        result = subprocess.run(
-            [compiler, *flags, "-o", str(partial), str(variant.source), str(DECODER_SOURCE), "-lm"],
-            capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, env=_compiler_environment(),
-        )
-        if result.returncode != 0:
-            raise KernelUnavailable(f"building the int8 kernel ({variant.name}) failed: {result.stderr.strip()[-300:]}")
-        os.replace(partial, library)
-    return library
 
 
 def chosen_variant() -> Variant:
@@ -287,43 +261,57 @@ def variant_for(flags: frozenset[str]) -> Variant:
     raise KernelUnavailable("this CPU has neither AVX-512 VNNI nor AVX2 with FMA")
 
 
-def _compiler_environment() -> dict[str, str]:
-    """The environment without a PyInstaller bundle's library path: the bundle's own libz or
-    libstdc++ can break the compiler's programs (the bootloader keeps the user's value in
-    LD_LIBRARY_PATH_ORIG)."""
-    environment = dict(os.environ)
-    if getattr(sys, "frozen", False):
-        original = environment.pop("LD_LIBRARY_PATH_ORIG", None)
-        environment.pop("LD_LIBRARY_PATH", None)
-        if original is not None:
-            environment["LD_LIBRARY_PATH"] = original
-    return environment
-
-
-def _load(library: Path) -> ctypes.CDLL:
+def _load(variant: Variant) -> ctypes.CDLL:
+    """`variant`'s library: the prebuilt one, else one compiled here (again where a cached one
+    does not load: a half-written or corrupt file)."""
+    global _origin
+    if not sys.platform.startswith("linux"):
+        raise KernelUnavailable("the int8 kernel is built for Linux only")
+    prebuilt = PREBUILT_DIR / _library_name(variant)
+    if prebuilt.exists():
+        try:
+            loaded = ctypes.CDLL(str(prebuilt))
+            _origin = f"prebuilt, {prebuilt}"
+            return _declared(loaded)
+        except OSError as error:  # another machine's file: this one's compiler may still build it
+            log.warning("the prebuilt int8 kernel %s does not load (%s); building it here", prebuilt, error)
+    library = _built(variant)
     try:
         loaded = ctypes.CDLL(str(library))
-    except OSError as error:  # a corrupt cached file: build it again once
+    except OSError as error:
         library.unlink(missing_ok=True)
         try:
-            loaded = ctypes.CDLL(str(_built()))
+            loaded = ctypes.CDLL(str(_built(variant)))
         except OSError:
             raise KernelUnavailable(f"the int8 kernel does not load: {error}") from error
     return _declared(loaded)
+
+
+def abi(library: ctypes.CDLL) -> dict[str, int]:
+    """What `library` was built with (tandem_abi.h): its ABI version and its structs' sizes."""
+    values = (ctypes.c_int64 * 4)()
+    library.tandem_abi.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    library.tandem_abi.restype = ctypes.c_int64
+    library.tandem_abi(values, len(values))
+    return dict(zip(("version", "int8", "layer", "decoder"), values))
 
 
 def build_for_comparison(variant: Variant, out: Path, sources: tuple[Path, ...] | None = None) -> ctypes.CDLL:
     """A library built from `sources` (the variant's and the decoder's by default) with the
     variant's flags at `out`, loaded beside the runtime's own: for benchmarks that switch
     between builds call by call (docs/bench/native_forward_ab.py, native_variants.py)."""
-    sources = sources or (variant.source, DECODER_SOURCE)
-    compiler = os.environ.get("CC", "cc")
-    subprocess.run([compiler, *_COMMON_FLAGS, *variant.flags, "-o", str(out), *map(str, sources), "-lm"], check=True)
+    compile_library(variant, out, warnings=(), sources=sources)
     return _declared(ctypes.CDLL(str(out)))
 
 
 def _declared(loaded: ctypes.CDLL) -> ctypes.CDLL:
-    """`loaded` with its functions' argument and result types set."""
+    """`loaded` with its functions' argument and result types set, once its ABI is this
+    Tandem's (KernelUnavailable where it is not)."""
+    if not hasattr(loaded, "tandem_abi"):
+        raise KernelUnavailable("the int8 kernel library reports no ABI version (built from older sources)")
+    version = abi(loaded)["version"]
+    if version != ABI_VERSION:
+        raise KernelUnavailable(f"the int8 kernel library has ABI version {version}; this Tandem reads {ABI_VERSION}")
     function = loaded.tandem_int8_product
     function.argtypes = [
         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import threading
 
 import pytest
@@ -17,10 +16,20 @@ from engine.runtime.int8_kernel import (
     VARIANTS, Variant, integer_product, kernel_product, torch_product, unavailable_reason, variant_name, weight_row_sums,
 )
 
-HAS_COMPILER = shutil.which(os.environ.get("CC", "cc")) is not None and sys.platform.startswith("linux")
-CAN_BUILD = HAS_COMPILER and any(variant.needs <= cpu_flags() for variant in VARIANTS)
-# Every variant this CPU can run (an AVX-512 CPU runs all three), each tested on its own.
-RUNNABLE = [variant for variant in VARIANTS if HAS_COMPILER and variant.needs <= cpu_flags()]
+CAN_BUILD = unavailable_reason() is None  # a prebuilt library, or a compiler to build one, on a CPU it runs on
+NO_KERNEL = f"the int8 kernel does not run here: {unavailable_reason()}"
+
+
+def each_runnable(variant: Variant):
+    """`variant` as a test parameter, skipped with the CPU flags it needs and this CPU lacks:
+    every variant is tested where the CPU has it (an AVX-512 CPU runs all three), and the test
+    output says which were not, and why."""
+    missing = sorted(variant.needs - cpu_flags())
+    reason = f"this CPU lacks {', '.join(missing)} for the {variant.name} build" if missing else NO_KERNEL
+    return pytest.param(variant, id=variant.name, marks=pytest.mark.skipif(bool(missing) or not CAN_BUILD, reason=reason))
+
+
+ALL_VARIANTS = [each_runnable(variant) for variant in VARIANTS]
 
 
 @pytest.fixture
@@ -32,7 +41,7 @@ def fresh_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(int8_kernel, "_variant", None)
 
 
-@pytest.fixture(params=RUNNABLE, ids=lambda variant: variant.name)
+@pytest.fixture(params=ALL_VARIANTS)
 def each_variant(request, fresh_kernel, monkeypatch: pytest.MonkeyPatch) -> Variant:
     """The kernel as a CPU with only this variant's features builds it."""
     variant = request.param
@@ -52,7 +61,7 @@ def activations(rows: int, width: int, seed: int) -> torch.Tensor:
     return x
 
 
-@pytest.mark.skipif(not CAN_BUILD, reason="this machine cannot build the kernel (no AVX2 or no C compiler)")
+@pytest.mark.skipif(not CAN_BUILD, reason=NO_KERNEL)
 def test_the_kernel_is_built_and_used_where_the_cpu_and_a_compiler_allow():
     assert unavailable_reason() is None
     x, weight = activations(2, 64, seed=0), random_int8(16, 64, seed=1)
@@ -132,7 +141,7 @@ def test_rows_of_zeros_tiny_values_and_a_nan_come_out_as_torch_gives_them(each_v
     assert out[3].isnan().all() and reference[3].isnan().all()  # a broken model's NaN is not rounded away
 
 
-@pytest.mark.skipif(not CAN_BUILD, reason="this machine cannot build the kernel (no AVX2 or no C compiler)")
+@pytest.mark.skipif(not CAN_BUILD, reason=NO_KERNEL)
 def test_the_product_is_the_same_from_another_thread_and_with_one_thread():
     """The runtimes decode on a worker thread; the kernel's OpenMP threads are torch's."""
     x, weight = activations(3, 576, seed=17), random_int8(960, 576, seed=18)
@@ -158,7 +167,8 @@ def test_operands_that_do_not_fit_are_refused_before_the_kernel_reads_them():
         torch.ops.tandem.int8_product.default(x.double(), weight[:, :64].contiguous(), weight_row_sums(weight[:, :64]))
 
 
-def test_without_a_compiler_oneDNN_does_the_product_and_the_reason_is_kept(fresh_kernel, monkeypatch):
+def test_without_a_library_or_a_compiler_oneDNN_does_the_product_and_the_reason_is_kept(fresh_kernel, monkeypatch, tmp_path):
+    monkeypatch.setattr(int8_kernel, "PREBUILT_DIR", tmp_path)  # no prebuilt library
     monkeypatch.setenv("CC", "no-such-compiler")
     monkeypatch.setattr(int8_kernel.sys, "platform", "linux")
     monkeypatch.setattr(int8_kernel, "cpu_flags", lambda: VARIANTS[0].needs)  # the compiler is what is missing
@@ -175,7 +185,7 @@ def test_a_cpu_without_avx2_and_fma_keeps_oneDNN(fresh_kernel, monkeypatch, flag
     assert unavailable_reason() == "this CPU has neither AVX-512 VNNI nor AVX2 with FMA" and variant_name() is None
 
 
-@pytest.mark.skipif(not any(variant.name == "AVX2" for variant in RUNNABLE), reason="this CPU cannot run the AVX2 build")
+@pytest.mark.skipif(not CAN_BUILD or not VARIANTS[-1].needs <= cpu_flags(), reason=NO_KERNEL if not CAN_BUILD else "this CPU lacks avx2 or fma for the AVX2 build")
 def test_the_environment_can_name_a_narrower_build_or_turn_the_kernel_off(fresh_kernel, monkeypatch):
     """TANDEM_INT8_KERNEL: what a CPU with fewer features runs, measured on this one; or off."""
     x, weight = activations(3, 70, seed=12), random_int8(20, 70, seed=13)
@@ -197,10 +207,12 @@ def test_a_build_the_cpu_cannot_run_is_refused_with_what_it_lacks(fresh_kernel, 
     assert unavailable_reason() == "TANDEM_INT8_KERNEL='AVX-VNNI': this CPU lacks avx_vnni" and variant_name() is None
 
 
-@pytest.mark.skipif(not CAN_BUILD, reason="this machine cannot build the kernel (no AVX2 or no C compiler)")
+@pytest.mark.skipif(not CAN_BUILD, reason=NO_KERNEL)
+@pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler to build the kernel at first use")
 def test_a_corrupt_cached_library_is_built_again(fresh_kernel, monkeypatch, tmp_path):
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path))  # a path this process has not loaded yet
-    library = int8_kernel._built()
+    monkeypatch.setattr(int8_kernel, "PREBUILT_DIR", tmp_path / "no-prebuilt-libraries")
+    library = int8_kernel._built(int8_kernel.chosen_variant())
     library.write_bytes(b"not a shared library")
     x, weight = activations(2, 64, seed=12), random_int8(16, 64, seed=13)
     assert torch.equal(kernel_product(x, weight, weight_row_sums(weight)), torch_product(x, weight))
@@ -228,7 +240,7 @@ def test_a_compiled_graph_calls_the_kernel_for_one_token_and_fuses_torchs_roundi
     assert "tandem.int8_product.default" not in operators[1] and any("_int_mm" in target for target in operators[1])
 
 
-@pytest.mark.skipif(not CAN_BUILD or "amx_int8" not in cpu_flags(), reason="this CPU has no AMX")
+@pytest.mark.skipif(not CAN_BUILD or "amx_int8" not in cpu_flags(), reason=NO_KERNEL if not CAN_BUILD else "this CPU lacks amx_int8 (AMX)")
 @pytest.mark.parametrize("rows, width", [(100, 128), (49152 // 64, 576), (576, 1536), (33, 64)])
 def test_amx_gives_the_vector_paths_floats_to_the_bit(rows, width):
     """Tokens past the first run on AMX's tiles where the CPU has them: the same integer sums,

@@ -25,10 +25,16 @@ from engine.tree import forward_tree, keep_path
 
 from .test_torch_static import converse, random_tree
 
-pytestmark = pytest.mark.skipif(int8_kernel.unavailable_reason() is not None, reason="the int8 kernel cannot be built here")
+pytestmark = pytest.mark.skipif(int8_kernel.unavailable_reason() is not None,
+                                reason=f"the int8 kernel does not run here: {int8_kernel.unavailable_reason()}")
 
-# Every kernel build this CPU can run (an AVX-512 CPU runs all three).
-RUNNABLE = [variant for variant in int8_kernel.VARIANTS if variant.needs <= cpu_flags()]
+# Every kernel build, skipped with the CPU flags it needs and this CPU lacks (an AVX-512 CPU runs all three).
+ALL_VARIANTS = [
+    pytest.param(variant, id=variant.name, marks=pytest.mark.skipif(
+        not variant.needs <= cpu_flags(),
+        reason=f"this CPU lacks {', '.join(sorted(variant.needs - cpu_flags()))} for the {variant.name} build"))
+    for variant in int8_kernel.VARIANTS
+]
 VOCAB = 64
 RELATIVE = 2e-4
 SHAPE = {
@@ -258,7 +264,7 @@ def test_tree_nodes_and_the_steps_after_their_kept_paths_get_the_bits_steps_give
     assert straddled >= 1 if start > 100 else len(context) < 128
 
 
-@pytest.fixture(params=RUNNABLE, ids=lambda variant: variant.name)
+@pytest.fixture(params=ALL_VARIANTS)
 def each_build(request, monkeypatch: pytest.MonkeyPatch) -> int8_kernel.Variant:
     """The kernel library as a CPU with only this variant's features builds it, loaded afresh."""
     variant = request.param

@@ -1,0 +1,52 @@
+/* The structs Python hands the native forward (engine/runtime/native_forward.py's ctypes
+ * Int8Struct, LayerStruct, DecoderStruct mirror them field for field), and the ABI version.
+ *
+ * Why a header and a version: the layouts are written twice, once here and once in ctypes,
+ * and a field added on one side only would be read as another field's bytes. Bump
+ * TANDEM_ABI_VERSION with any change here; the library reports it and the sizes below through
+ * tandem_abi() (decoder_forward.c), int8_kernel.py refuses a library of another version, and
+ * tests/engine/runtime/test_kernel_build.py compares the sizes with ctypes'. */
+#ifndef TANDEM_ABI_H
+#define TANDEM_ABI_H
+
+#include <stdint.h>
+
+#define TANDEM_ABI_VERSION 1
+
+typedef struct {
+    const int8_t *weight;   /* (rows, width) row-major */
+    const float *scale;     /* (rows,) */
+    const int32_t *row_sums; /* (rows,) */
+    const float *bias;      /* (rows,) or NULL */
+    int64_t rows, width;
+} TandemInt8;
+
+typedef struct {
+    const float *input_norm, *post_attention_norm; /* (hidden,) */
+    TandemInt8 qkv;      /* queries, keys, values side by side */
+    TandemInt8 output;   /* o_proj */
+    TandemInt8 gate_up;  /* gate, up side by side */
+    TandemInt8 down;
+    float *keys, *values; /* (kv_heads, cache_rows, head_dim) */
+    const float *q_norm, *k_norm; /* (head_dim,): RMSNorm of each query and key head (Qwen3), or NULL */
+} TandemLayer;
+
+typedef struct {
+    int64_t layers, hidden, heads, kv_heads, head_dim, intermediate, vocab, cache_rows;
+    float eps, attention_scale;
+    const int8_t *embedding; /* (vocab, hidden) */
+    const float *embedding_scale; /* (vocab,) */
+    const float *final_norm;
+    TandemInt8 lm_head;
+    const float *cos, *sin; /* (table_positions, head_dim) */
+    int64_t table_positions;
+    const TandemLayer *layer;
+} TandemDecoder;
+
+/* What the library was built with, in this order: TANDEM_ABI_VERSION, then the sizes in bytes
+ * of TandemInt8, TandemLayer and TandemDecoder. Writes at most `count` of them into `out` and
+ * returns how many there are. */
+#define TANDEM_ABI_FIELDS 4
+int64_t tandem_abi(int64_t *out, int64_t count);
+
+#endif
