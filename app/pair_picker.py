@@ -1,9 +1,12 @@
-"""The model pair picker: add models (Hugging Face folder, GGUF file, or a repo id to
-download), choose a target and a draft that shares its tokenizer, its precision and device.
+"""The model pair picker: choose a target among the models found on this machine or added
+(Hugging Face folder, GGUF file, or a repo id to download), a draft that shares its
+tokenizer, its precision and device; it says which methods the pair gets.
 
-Which drafts fit a target is asked of the worker (it reads tokenizers, which takes seconds);
-until it answers, other models are listed but cannot be chosen. The n-gram drafter needs no
-model and always fits.
+Models found on disk (app/found_models.py, scanned off the GUI thread) carry their
+tokenizer's digest, so the found drafts that fit a found target, and an EAGLE-3 head for it,
+are offered at once. Whether an added model fits is asked of the worker (it reads tokenizers,
+which takes seconds); until it answers, other models are listed but cannot be chosen. The
+n-gram drafter needs no model and always fits.
 """
 from __future__ import annotations
 
@@ -29,11 +32,15 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine import methods
 from engine.config import CPU_DEFAULT_PRECISION, DEMO_DRAFT_FOLDER, DEMO_TARGET, DEVICES, PRECISIONS, RUNTIMES, ModelSpec, PairConfig
+from engine.discovery import Found, FoundModel, draft_choices, pair_methods
 from engine.errors import ModelLoadError
 from engine.model_files import check_pair_files
 
 from .error_text import error_text
+from .found_models import FoundModelsPanel
+from .model_scan import ModelScan, last_found
 from .worker import EngineClient
 
 PRECISION_LABELS = {
@@ -67,6 +74,11 @@ def model_label(source: str) -> str:
     return f"{path.name} ({path.parent})" if path.is_absolute() else source
 
 
+def found_label(model: FoundModel) -> str:
+    details = " ".join(part for part in (model.family, model.size_label, model.quantisation) if part)
+    return f"{model.name} — {details}, {model.app}" if details else f"{model.name}, {model.app}"
+
+
 class PairPicker(QDialog):
     models_changed = Signal(list)  # the user's model sources, after one was added
 
@@ -87,8 +99,12 @@ class PairPicker(QDialog):
         self.reasons: dict[str, str | None] = {}  # draft source -> why it does not fit, None if it does
         self._checked_target = ""
         self._name_edited = pair is not None
+        self.found: Found | None = last_found()  # shown at once; a fresh scan replaces it
 
         layout = QVBoxLayout(self)
+        layout.addWidget(QLabel("Models on this machine"))
+        self.found_models = FoundModelsPanel()
+        layout.addWidget(self.found_models)
         form = QFormLayout()
         self.name = QLineEdit(pair.name if pair else "")
         self.name.textEdited.connect(self._on_name_edited)
@@ -122,6 +138,16 @@ class PairPicker(QDialog):
         self.drafts.setMinimumHeight(110)
         self.drafts.setWordWrap(True)
         layout.addWidget(self.drafts)
+        self.eagle_head = QCheckBox()
+        self.eagle_head.setChecked(True)
+        self.eagle_head.setVisible(False)
+        self.eagle_head_source = ""
+        self.other_tokenizers = 0  # found models that cannot draft for a found target
+        layout.addWidget(self.eagle_head)
+        self.methods_line = QLabel()
+        self.methods_line.setObjectName("pairMethods")
+        self.methods_line.setWordWrap(True)
+        layout.addWidget(self.methods_line)
 
         adding = QGroupBox("Add a model")
         adding_layout = QVBoxLayout(adding)
@@ -165,6 +191,12 @@ class PairPicker(QDialog):
         client.download_progress.connect(self._on_download_progress)
         client.downloaded.connect(self._on_downloaded)
         client.download_failed.connect(self._on_download_failed)
+        self.found_models.target_chosen.connect(self._choose_found_target)
+        self.found_models.folder_added.connect(lambda _folder: self._scan())
+        self.eagle_head.toggled.connect(lambda _checked: self._update_methods())
+        self.scan = ModelScan(self)
+        self.scan.found.connect(self._on_found)
+        self.scan.failed.connect(self.found_models.show_failure)
 
         self._fill_targets(pair.target.source if pair else DEMO_TARGET)
         if pair:
@@ -174,7 +206,10 @@ class PairPicker(QDialog):
             self.compile.setChecked(pair.compile)
         self._on_target_changed()
         self._select_draft(pair.draft.source if pair and pair.draft else NGRAM)
-        self.resize(620, 560)
+        if self.found is not None:
+            self.found_models.show_found(self.found, self.target.currentData())
+        self._scan()
+        self.resize(760, 780)
 
     # The result
 
@@ -195,6 +230,8 @@ class PairPicker(QDialog):
         kept = {"ngram": self.edited.ngram} if self.edited else {}
         if self.edited and self.edited.target.source == target.source:
             kept["eagle"] = self.edited.eagle  # an EAGLE-3 head fits its own target only
+        if self._found_head_chosen():
+            kept["eagle"] = self.eagle_head_source
         return PairConfig(
             self.name.text().strip(), target, draft, runtime=self.runtime.currentData(), compile=self.compile.isChecked(), **kept
         )
@@ -263,15 +300,42 @@ class PairPicker(QDialog):
         self.status.style().unpolish(self.status)
         self.status.style().polish(self.status)
 
+    # Models found on this machine
+
+    def _scan(self) -> None:
+        self.found_models.show_searching()
+        self.scan.start()
+
+    @Slot(object)
+    def _on_found(self, found: Found) -> None:
+        self.found = found
+        self.found_models.show_found(found, self.target.currentData())
+        self._fill_targets(self.target.currentData())
+        self._check_drafts()
+
+    def _found(self, source: str) -> FoundModel | None:
+        return self.found.model(source) if self.found is not None else None
+
+    def _choose_found_target(self, source: str) -> None:
+        self.target.setCurrentIndex(max(self.target.findData(source), 0))
+
+    def _label(self, source: str) -> str:
+        model = self._found(source)
+        return found_label(model) if model is not None else model_label(source)
+
+    def _found_head_chosen(self) -> bool:
+        return not self.eagle_head.isHidden() and self.eagle_head.isChecked() and bool(self.eagle_head_source)
+
     # Target and drafts
 
     def _fill_targets(self, keep: str) -> None:
         self.target.blockSignals(True)
         self.target.clear()
-        for source in self.all_models():
+        found = [model.source for model in self.found.usable] if self.found is not None else []
+        for source in dict.fromkeys([*self.all_models(), *found]):
             if source == DEMO_DRAFT:
                 continue  # 16M parameters distilled to draft for the demo target, not to chat
-            self.target.addItem(model_label(source), source)
+            self.target.addItem(self._label(source), source)
             self.target.setItemData(self.target.count() - 1, source, Qt.ItemDataRole.ToolTipRole)
         self.target.setCurrentIndex(max(self.target.findData(keep), 0))
         self.target.blockSignals(False)
@@ -279,6 +343,7 @@ class PairPicker(QDialog):
     def _on_target_changed(self) -> None:
         if not self._name_edited:
             self.name.setText(self._suggested_name())
+        self.found_models.select(self.target.currentData())
         self._check_drafts()
 
     def _check_drafts(self) -> None:
@@ -286,12 +351,27 @@ class PairPicker(QDialog):
         if target != self._checked_target:
             self.reasons = {}
             self._checked_target = target
+        self._offer_found_drafts(target)
         others = [m for m in self.all_models() if m != target and m not in self.reasons]
         for source in others:
             self.reasons[source] = CHECKING
         if others:
             self.client.check_drafts(ModelSpec(target), [ModelSpec(source) for source in others])
         self._fill_drafts()
+
+    def _offer_found_drafts(self, target: str) -> None:
+        """The found drafts with a found target's tokenizer fit it without asking the worker;
+        an EAGLE-3 head found for it is offered beside them."""
+        model = self._found(target)
+        choices = draft_choices(model, self.found) if model is not None else None
+        for draft in choices.drafts if choices else ():
+            self.reasons[draft.source] = None
+        head = choices.heads[0] if choices and choices.heads else None
+        self.eagle_head_source = head.source if head else ""
+        self.eagle_head.setText(f"Also draft with the EAGLE-3 head found: {head.name} ({head.app})" if head else "")
+        self.eagle_head.setToolTip(head.source if head else "")
+        self.eagle_head.setVisible(head is not None)
+        self.other_tokenizers = choices.other_tokenizers if choices else 0
 
     @Slot(str, object)
     def _on_drafts_checked(self, target_source: str, reasons: dict) -> None:
@@ -309,7 +389,7 @@ class PairPicker(QDialog):
         ngram.setToolTip("Drafts by continuing text that already appeared in the conversation")
         self.drafts.addItem(ngram)
         for source, reason in self.reasons.items():
-            item = QListWidgetItem(model_label(source) if reason is None else f"{model_label(source)} — {reason}")
+            item = QListWidgetItem(self._label(source) if reason is None else f"{self._label(source)} — {reason}")
             item.setData(SOURCE_ROLE, source)
             item.setToolTip(source if reason is None else f"{source}\nCannot draft for this target: {reason}")
             if reason is not None:
@@ -329,6 +409,20 @@ class PairPicker(QDialog):
         if not self._name_edited:
             self.name.setText(self._suggested_name())
         self._update_ok()
+        self._update_methods()
+
+    def _update_methods(self) -> None:
+        """Say which methods the pair gets, before it is loaded (calibrated heads come later)."""
+        target, draft = self.target.currentData(), self.selected_draft()
+        has_head = self._found_head_chosen() or bool(self.edited and self.edited.eagle and self.edited.target.source == target)
+        offered = pair_methods(self._found(target), self._found(draft), has_draft_model=bool(draft), has_eagle_head=has_head)
+        line = "This pair gets: " + ", ".join(methods.label(name) for name in offered)
+        if draft:
+            line += "; SPRINTER and the adaptive chain once its heads are calibrated"
+        others = self.other_tokenizers
+        if others:
+            line += f". {others} other model{'s' if others != 1 else ''} found here use{'s' if others == 1 else ''} another tokenizer"
+        self.methods_line.setText(line + ".")
 
     # Name and OK
 
@@ -336,6 +430,7 @@ class PairPicker(QDialog):
         if not self._name_edited:
             self.name.setText(self._suggested_name())
         self._update_ok()
+        self._update_methods()
 
     def _on_name_edited(self, _text: str) -> None:
         self._name_edited = True
@@ -343,13 +438,17 @@ class PairPicker(QDialog):
     def _suggested_name(self) -> str:
         target = self.target.currentData() or DEMO_TARGET
         draft = self.selected_draft() if self.drafts.count() else NGRAM
-        short = "SmolLM2-135M" if target == DEMO_TARGET else Path(target).stem.split("/")[-1]
-        draft_short = "n-gram" if not draft else ("SmolLM2-135M" if draft == DEMO_TARGET else Path(draft).stem.split("/")[-1])
-        base = f"{short} + {draft_short}"
+        base = f"{self._short_name(target)} + {self._short_name(draft) if draft else 'n-gram'}"
         name, number = base, 2
         while name in self.taken_names:
             name, number = f"{base} ({number})", number + 1
         return name
+
+    def _short_name(self, source: str) -> str:
+        model = self._found(source)
+        if model is not None:
+            return model.name.split("/")[-1]  # an Ollama blob's file name says nothing; its tag does
+        return "SmolLM2-135M" if source == DEMO_TARGET else Path(source).stem.split("/")[-1]
 
     def _update_ok(self) -> None:
         name = self.name.text().strip()

@@ -23,6 +23,8 @@ def tandem_home(tmp_path, monkeypatch):
     """Settings, chats and window layout of this test only."""
     home = tmp_path / "tandem-home"
     monkeypatch.setenv("TANDEM_HOME", str(home))
+    # The pair picker looks for models on "this machine": an empty home of the test's own.
+    monkeypatch.setenv("TANDEM_SEARCH_HOME", str(tmp_path / "search-home"))
     return home
 
 
