@@ -14,6 +14,7 @@ import random
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,19 @@ def test_every_variant_builds_with_every_warning_an_error(built, variant):
     library = built / kernel_build.library_name(variant)
     assert library.read_bytes()[:4] == b"\x7fELF"
     assert sorted(path.name for path in built.iterdir()) == sorted(kernel_build.library_name(v) for v in VARIANTS)
+
+
+class KernelVariants(UserWarning):
+    """Which variants were built and which run here, for CI's log: `pytest -q`, as CI runs
+    it, shows a warnings summary but neither skip reasons nor what a test prints."""
+
+
+def test_the_output_names_the_variants_built_and_run(built):
+    run = [variant.name for variant in VARIANTS if not lacks(variant)]
+    not_run = [f"{variant.name} (this CPU lacks {', '.join(lacks(variant))})" for variant in VARIANTS if lacks(variant)]
+    assert len(list(built.glob("*.so"))) == len(VARIANTS)
+    warnings.warn(KernelVariants(f"native kernels built with -Wall -Werror: {', '.join(v.name for v in VARIANTS)}; "
+                                 f"tested on this CPU: {', '.join(run) or 'none'}; not run: {', '.join(not_run) or 'none'}"))
 
 
 def test_a_warning_fails_the_build(tmp_path):
