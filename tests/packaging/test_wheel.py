@@ -129,3 +129,27 @@ def test_the_installed_command_chats_with_the_demo_pair(installed, demo_target_p
     # The draft came from the wheel's resources, not from the checkout.
     resources = installed_folder(installed, "resources")
     assert f"Loading draft {resources / 'drafts' / 'smollm2-135m-draft'}" in result.stderr
+
+
+def test_the_installed_kernel_needs_no_compiler(installed, tmp_path):
+    """The wheel carries the native kernels setup built (engine/runtime/_built/): with no C
+    compiler and a fresh cache the installed Tandem loads the one of this CPU's variant."""
+    from engine.runtime import int8_kernel
+    from engine.runtime.kernel_build import PREBUILT_DIR, library_name
+
+    if int8_kernel.unavailable_reason() is not None:
+        pytest.skip(f"the int8 kernel does not run here: {int8_kernel.unavailable_reason()}")
+    prebuilt = PREBUILT_DIR / library_name(int8_kernel.chosen_variant())
+    if not prebuilt.exists():
+        pytest.skip(f"no prebuilt kernel for these sources to ship ({prebuilt}): bash packaging/setup.sh builds them")
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    environment.update(CC="no-such-compiler", PATH=str(tmp_path / "no-compilers"), TANDEM_HOME=str(tmp_path / "home"))
+    result = subprocess.run(
+        [installed / "bin" / "python", "-c", "from engine.runtime import int8_kernel as k; print(k.unavailable_reason()); print(k.library_origin())"],
+        cwd=installed.parent, env=environment, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    reason, origin = result.stdout.splitlines()
+    assert reason == "None"
+    assert origin == f"prebuilt, {installed_folder(installed, 'engine') / 'runtime' / '_built' / prebuilt.name}"
+
