@@ -35,9 +35,11 @@ def found_summary(found: Found) -> str:
         return f"No models found (searched: {places}). Add a folder to search, or a model below."
     apps = ", ".join(dict.fromkeys(model.app for model in usable))
     line = f"{len(usable)} model{'s' if len(usable) != 1 else ''} found" + (f" in {apps}" if apps else "")
-    broken = len(found.models) - len(usable)
-    if broken:
-        line += f"; {broken} cannot be used (greyed: the reason is in its row)"
+    broken = [model for model in found.models if not model.usable]
+    if len(broken) == 1:  # one reason fits here whole; the row's Where column cuts it short
+        line += f". {broken[0].name} cannot be used: {broken[0].problem.rstrip('.')}"
+    elif broken:
+        line += f"; {len(broken)} cannot be used (greyed: the reason is in each row's tooltip)"
     return line + ". Choose one as the target."
 
 

@@ -12,7 +12,9 @@ demo pair's heads in Settings, the calibration's progress, and a SPRINTER reply 
 speed panel and its unchecked tokens), `everyday` (issue 23, over the fake engine: the menus,
 About, export, the token-limit notice, a pair that failed to load, the dark theme, 1024×640),
 `compile` (issue 21, over the fake engine: a torch pair compiling in the background, then
-compiled, and the pair picker's compile setting).
+compiled, and the pair picker's compile setting), `found-models` (issue 48, over the fake
+engine: the pair picker listing models found in fake LM Studio, Ollama, Hugging Face, GPT4All
+and Jan folders, and a found target's drafts, EAGLE-3 head and methods).
 
 Runs in a private TANDEM_HOME (converted weights are shared with the user cache) on the
 offscreen platform unless a display is set. The pair picker lists the converted demo folder,
@@ -495,8 +497,34 @@ def compile_in_background(app: QApplication, home: Path) -> None:
         window.close()
 
 
+def found_models(app: QApplication, home: Path) -> None:
+    """Issue 48, over the fake engine: the pair picker listing the models found on a machine
+    laid out as LM Studio, Ollama, the Hugging Face cache, GPT4All and Jan lay theirs out (tiny
+    GGUF files, hence their sizes; one Ollama model whose file is gone), then a found target
+    with its found drafts, its EAGLE-3 head and the methods the pair gets."""
+    from tests.app.fake_engine import FakeEngine
+    from tests.engine.discovery.fake_machine import furnished_home
+
+    machine = home / "machine"
+    paths = furnished_home(machine)
+    os.environ["TANDEM_SEARCH_HOME"] = str(machine)
+    window = fake_window(app, FakeEngine())
+    try:
+        picker = window.open_settings().open_picker(None)
+        wait_until(app, lambda: picker.found is not None and picker.isVisible(), 10)
+        save(picker, "pair-picker-found-models.png")
+        picker.target.setCurrentIndex(picker.target.findData(str(paths["target"])))
+        wait_until(app, lambda: "checking" not in " ".join(str(r) for r in picker.reasons.values()), 10)
+        picker.drafts.setCurrentRow(1)
+        app.processEvents()
+        save(picker, "pair-picker-found-drafts.png")
+        picker.reject()
+    finally:
+        window.close()
+
+
 SETS = {"tour": tour, "long-chat": long_chat, "recovery": recovery, "rough-edges": rough_edges, "sprinter": sprinter,
-        "everyday": everyday, "compile": compile_in_background}
+        "everyday": everyday, "compile": compile_in_background, "found-models": found_models}
 
 
 if __name__ == "__main__":

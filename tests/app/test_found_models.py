@@ -40,7 +40,9 @@ def test_the_picker_lists_found_models_with_family_size_quantisation_and_where(r
     assert rows["other-7b"] == (["qwen2", "3.3K", "F16", "Jan"], False)
     where, disabled = rows["gone:latest"][0][3], rows["gone:latest"][1]
     assert disabled and where.startswith("Ollama: Ollama lists gone:latest, but its model file sha256-")
-    assert picker.found_models.status.text().startswith("5 models found in LM Studio, Ollama, Hugging Face cache, GPT4All, Jan; 1 cannot be used")
+    status = picker.found_models.status.text()
+    assert status.startswith("5 models found in LM Studio, Ollama, Hugging Face cache, GPT4All, Jan. gone:latest cannot be used: Ollama lists")
+    assert "`ollama pull gone:latest` fetches it again)" in status
     # Found models are targets too, beside the bundled demo and the user's own.
     assert picker.target.findData(str(home / ".lmstudio/models/lmstudio-community/Llama-Big-GGUF/Llama-Big-Q4_K_M.gguf")) > 0
 
