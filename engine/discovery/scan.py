@@ -145,7 +145,8 @@ def find_in_folder(root: Path) -> Iterator[FoundModel | FoundHead]:
     for path in _gguf_files(root):
         yield _described_gguf(path, path.relative_to(root).with_suffix("").as_posix(), USER_FOLDER)
     for config in sorted(_walk(root, "config.json", MAX_DEPTH)):
-        yield from _model_folder(config.parent, config.parent.relative_to(root).as_posix() or root.name, USER_FOLDER)
+        folder = config.parent
+        yield from _model_folder(folder, root.name if folder == root else folder.relative_to(root).as_posix(), USER_FOLDER)
 
 
 FINDERS = {

@@ -138,6 +138,8 @@ def test_a_folder_the_user_added_is_searched_for_files_and_model_folders(tmp_pat
     assert {(model.name, model.app, model.usable) for model in found.models} == {
         ("downloads/draft", USER_FOLDER, True), ("folder-model", USER_FOLDER, True),
     }
+    (itself,) = discover([mine / "folder-model"], home=tmp_path / "empty-home", environ={}).models
+    assert itself.name == "folder-model"  # a model folder added as it is, named by its own name
 
 
 def test_a_split_model_lists_its_first_part_and_says_when_a_part_is_missing(tmp_path):
