@@ -13,8 +13,11 @@ cancelling a calibration sets a flag that the calibration checks between its ste
 """
 from __future__ import annotations
 
+import math
 import threading
+import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,6 +29,8 @@ from engine.errors import TandemError
 from engine.events import Finished, PromptPrepared, PromptProgress, StatsUpdate, TextDelta
 
 from .engine_api import EngineApi
+
+TEXT_INTERVAL_S = 1 / 30  # the most often a reply's new text goes to the window: a screen's refresh
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,45 @@ class GenerationRequest:
     messages: tuple[Message, ...]  # oldest first, ending with the user message to answer
     settings: DecodeSettings
     system_prompt: str | None
+
+
+class CoalescedText:
+    """The reply's text deltas, merged into one per screen refresh.
+
+    The engine yields a delta per round, a hundred or more a second on a small pair. A signal
+    for each woke the window's thread as often, and on a 2-core machine every wake-up takes a
+    core from the engine's threads, which wait for each other at every step (issue 45). Merged,
+    the window wakes at most `interval_s` apart (and a slow round's text still goes at once)."""
+
+    def __init__(self, interval_s: float = TEXT_INTERVAL_S, clock: Callable[[], float] = time.perf_counter):
+        self.interval_s = interval_s
+        self._clock = clock
+        self._deltas: list[TextDelta] = []
+        self._last_sent = -math.inf
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._deltas)
+
+    def add(self, delta: TextDelta) -> bool:
+        """Keep `delta`; whether the text kept should be sent now."""
+        self._deltas.append(delta)
+        return self._clock() - self._last_sent >= self.interval_s
+
+    def take(self) -> TextDelta:
+        """The deltas kept, as one (their text, tokens, provenance and pieces in order)."""
+        deltas, self._deltas = self._deltas, []
+        self._last_sent = self._clock()
+        if len(deltas) == 1:
+            return deltas[0]
+        return TextDelta(
+            "".join(delta.text for delta in deltas),
+            tuple(token for delta in deltas for token in delta.token_ids),
+            tuple(kind for delta in deltas for kind in delta.provenance),
+            # Pieces only where every delta has its own: else none, as a delta without them has.
+            tuple(piece for delta in deltas for piece in delta.pieces)
+            if all(len(delta.pieces) == len(delta.provenance) for delta in deltas) else (),
+        )
 
 
 class ShutdownRequested(Exception):
@@ -164,6 +208,7 @@ class EngineWorker(QObject):
     def generate(self, request: GenerationRequest) -> None:
         if self._shutting_down:
             return
+        text = CoalescedText()
         try:
             if self._pair is None:
                 raise TandemError("No model pair is loaded yet. Wait for it to load, or choose one in Settings.")
@@ -173,8 +218,18 @@ class EngineWorker(QObject):
                 if request.request_id in self._cancelled or self._shutting_down:
                     generation.stop()
             for event in generation:
+                if isinstance(event, TextDelta):
+                    if text.add(event):
+                        self.text_delta.emit(request.request_id, text.take())
+                    continue
+                if text.pending:  # text first: the events after it speak of a reply that includes it
+                    self.text_delta.emit(request.request_id, text.take())
                 self._emit(request.request_id, event)
+            if text.pending:
+                self.text_delta.emit(request.request_id, text.take())
         except Exception as error:  # crosses to the GUI thread as data and is shown there
+            if text.pending:  # the text written before the error is kept with the failed reply
+                self.text_delta.emit(request.request_id, text.take())
             self.errored.emit(request.request_id, error)
         finally:
             with self._lock:
@@ -182,9 +237,7 @@ class EngineWorker(QObject):
                 self._cancelled.discard(request.request_id)
 
     def _emit(self, request_id: int, event: Any) -> None:
-        if isinstance(event, TextDelta):
-            self.text_delta.emit(request_id, event)
-        elif isinstance(event, StatsUpdate):
+        if isinstance(event, StatsUpdate):
             self.stats_updated.emit(request_id, event.stats, self._pair.describe())
         elif isinstance(event, PromptPrepared):
             self.prompt_prepared.emit(request_id, event)

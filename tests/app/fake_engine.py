@@ -72,6 +72,7 @@ class FakeEngine:
     failing_sources: dict[str, Exception] = field(default_factory=dict)
     fail_after_tokens: int | None = None
     reading_chunks: int = 0  # as for a long prompt: PromptProgress events before the first text
+    stats_every_round: bool = True  # False: figures every settings.stats_every_s, as the real engine sends them
     generation_error: Exception = field(
         default_factory=lambda: OutOfMemoryError("The machine ran out of memory while generating.")
     )
@@ -219,7 +220,7 @@ class FakeGeneration:
         unchecked_per_round = itertools.cycle(UNCHECKED_PER_ROUND)
         longest_unchecked = min(settings.sprinter_max_unchecked, 6)
         rounds = 0
-        started = time.perf_counter()
+        started = last_stats = time.perf_counter()
         emitted = 0
         provenance: list[Provenance] = []
         while emitted < len(tokens):
@@ -267,8 +268,10 @@ class FakeGeneration:
             if stats.time_to_first_token_s is None:
                 stats.time_to_first_token_s = stats.elapsed_s
             ids = tuple(range(emitted - len(round_tokens), emitted))
-            yield TextDelta("".join(round_tokens), ids, tuple(kinds))
-            yield StatsUpdate(stats.snapshot())
+            yield TextDelta("".join(round_tokens), ids, tuple(kinds), tuple(round_tokens))
+            if engine.stats_every_round or now - last_stats >= settings.stats_every_s:
+                last_stats = now
+                yield StatsUpdate(stats.snapshot())
         text = "".join(tokens[:emitted])
         yield Finished(
             text=text,

@@ -7,11 +7,11 @@ import time
 import pytest
 from PySide6.QtCore import Qt
 
-from app.worker import EngineClient
+from app.worker import CoalescedText, EngineClient
 from engine.chat_prompt import Message
 from engine.config import DecodeSettings, ModelSpec, PairConfig, demo_pair
 from engine.errors import ModelLoadError, OutOfMemoryError
-from engine.events import Finished
+from engine.events import Finished, Provenance, TextDelta
 from tests.app.fake_engine import FakeEngine, words
 
 QUESTION = [Message("user", "Tell me something.")]
@@ -204,3 +204,37 @@ def test_shutdown_cancels_a_calibration_at_its_next_step(qtbot, make_client):
     client.shutdown()
     assert time.perf_counter() - started < 1.0
     assert engine.calibrations == 0 and not client._thread.isRunning()
+
+
+def test_a_fast_reply_reaches_the_window_in_few_signals_and_whole(qtbot, make_client):
+    # One delta per word with no delay: a signal per delta would wake the window's thread for each.
+    engine = FakeEngine(reply=" ".join(f"word{i}" for i in range(400)), stats_every_round=False)
+    client = loaded(qtbot, make_client, engine)
+    deltas = []
+    client.text_delta.connect(lambda _id, delta: deltas.append(delta))
+    with qtbot.waitSignal(client.finished, timeout=5000) as finished:
+        client.generate(QUESTION, DecodeSettings(method="ar", max_new_tokens=400), None)
+    event = finished.args[1]
+    assert len(event.token_ids) == 400
+    assert len(deltas) < 100  # merged: the reply took well under 100 screen refreshes
+    assert "".join(d.text for d in deltas) == event.text == engine.reply
+    assert sum(len(d.token_ids) for d in deltas) == 400
+    assert all(len(d.pieces) == len(d.provenance) == len(d.token_ids) for d in deltas)
+    assert "".join(piece for d in deltas for piece in d.pieces) == event.text
+
+
+def test_text_is_merged_until_a_refresh_interval_has_passed():
+    now = [0.0]
+    text = CoalescedText(interval_s=0.05, clock=lambda: now[0])
+    delta = lambda word, kind: TextDelta(word, (len(word),), (kind,), (word,))  # noqa: E731
+    assert text.add(delta("One", Provenance.TARGET))  # the first text goes at once
+    assert text.take().text == "One"
+    now[0] = 0.01
+    assert not text.add(delta(" two", Provenance.DRAFT)) and not text.add(delta(" three", Provenance.BONUS))
+    assert text.pending
+    now[0] = 0.06
+    assert text.add(delta(" four", Provenance.TARGET))
+    merged = text.take()
+    assert merged.text == " two three four" and merged.pieces == (" two", " three", " four")
+    assert merged.provenance == (Provenance.DRAFT, Provenance.BONUS, Provenance.TARGET) and merged.token_ids == (4, 6, 5)
+    assert not text.pending
