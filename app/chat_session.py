@@ -2,6 +2,7 @@
 regenerating, editing the last question, and the conversation's system prompt."""
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -18,6 +19,11 @@ from .provenance import Runs, extend_runs, fit_runs, split_delta
 from .storage import COMPLETE, EXACT, FAILED, STOPPED, STREAMING, ChatStore, StoredMessage
 from .worker import EngineClient
 
+# A streaming reply's text goes to the chats file this often, not with every delta: a SQLite
+# commit (and the runs as JSON) per delta is work on the window's thread, and on a 2-core
+# machine a core the window takes is one the engine's threads wait for. The reply's end
+# (finished, stopped, failed, or the app closed) is always written at once.
+STORE_INTERVAL_S = 1.0
 NEW_TITLE = "New chat"
 TITLE_LENGTH = 48
 
@@ -43,6 +49,7 @@ class Stream:
     reading: bool = False  # a long prompt is being read: the status says how far
     carried_on: StoredMessage | None = None  # Continue: the reply as it was before this stream
     base_text: str = ""  # what this stream's text follows: the continued reply so far
+    stored_at: float = field(default_factory=time.monotonic)  # when the chats file last got the text so far
 
 
 class ChatController(QObject):
@@ -261,7 +268,10 @@ class ChatController(QObject):
             return
         stream.text += delta.text
         extend_runs(stream.runs, split_delta(delta))
-        self.store.update_reply(stream.message_id, stream.text, stream.runs)
+        now = time.monotonic()
+        if now - stream.stored_at >= STORE_INTERVAL_S:
+            stream.stored_at = now
+            self.store.update_reply(stream.message_id, stream.text, stream.runs)
         widget = self.pane.view.widget_for(stream.message_id)
         if widget is not None:
             widget.set_content(stream.text, stream.runs)

@@ -362,6 +362,19 @@ def test_closing_mid_reply_stops_the_engine_and_keeps_the_text(make_window, qtbo
     assert saved.status == STOPPED and saved.content == shown
 
 
+def test_a_streaming_reply_is_written_to_the_chats_file_about_once_a_second_and_whole_at_its_end(ready_window, qtbot):
+    reply = " ".join(f"word{i}" for i in range(60))
+    window = ready_window(FakeEngine(reply=reply, token_delay_s=0.08))  # rounds of 1-5 words: about 1.6 s
+    writes = []
+    store_write = window.store.update_reply
+    window.store.update_reply = lambda message_id, text, runs: writes.append(text) or store_write(message_id, text, runs)
+    send_and_wait(qtbot, window, "Count for me", timeout=10_000)
+    assert 1 <= len(writes) <= 2  # a commit per delta would be 60
+    assert reply.startswith(writes[0]) and len(writes[0]) < len(reply)
+    saved = window.store.messages(window.controller.conversation_id)[-1]
+    assert saved.status == COMPLETE and saved.content == reply
+
+
 def test_a_corrupt_chat_file_is_kept_aside_and_the_app_opens_with_a_fresh_one(make_window, qtbot, tandem_home):
     chats = tandem_home / "data" / "chats.sqlite3"
     chats.parent.mkdir(parents=True)
