@@ -1,11 +1,16 @@
 """Split a (possibly half-streamed) markdown reply into prose and fenced code blocks, so
-each code block can be shown with its own copy button."""
+each code block can be shown with its own copy button.
+
+Prose is split further at the paragraphs that start a new top-level one, so that while a
+reply streams only its last paragraph is laid out again: shown as one block, every new word
+re-laid the whole reply's text out, several times, on the window's thread."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([\w+#.-]*)")
+LIST_ITEM = re.compile(r"^([-*+]|\d+[.)])(\s|$)")
 
 
 @dataclass(frozen=True)
@@ -30,6 +35,8 @@ def split_blocks(markdown: str) -> list[Block]:
                 _flush_prose(blocks, prose)
                 fence, language = opening.group(1), opening.group(2)
             else:
+                if prose and not prose[-1].strip() and _starts_paragraph(line):
+                    _flush_prose(blocks, prose)
                 prose.append(line)
         elif line.strip().startswith(fence[0] * len(fence)) and not line.strip().strip(fence[0]):
             blocks.append(Block("code", "\n".join(code), language, fence=fence))
@@ -49,6 +56,13 @@ def with_fences_closed(markdown: str) -> str:
     if not blocks or blocks[-1].closed:
         return markdown
     return markdown.rstrip("\n") + "\n" + blocks[-1].fence
+
+
+def _starts_paragraph(line: str) -> bool:
+    """Whether `line`, after a blank line, starts a paragraph that markdown reads apart from
+    what came before: not indented (a list item's continuation, indented code) and not a list
+    item (a loose list's next item: apart, a numbered list would restart its numbers)."""
+    return bool(line.strip()) and not line[0].isspace() and not LIST_ITEM.match(line)
 
 
 def _flush_prose(blocks: list[Block], lines: list[str]) -> None:

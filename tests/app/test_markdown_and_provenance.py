@@ -16,6 +16,19 @@ def test_code_fences_become_their_own_blocks_even_half_streamed():
     ]
 
 
+def test_prose_is_split_at_new_paragraphs_so_a_streaming_reply_lays_out_only_its_last():
+    text = "First, a paragraph\nof two lines.\n\n# A heading\n\n- a list\n- tight\n\n- then loose\n\n  continued\n\n1. one\n\n2. two\n\nEnd"
+    assert [block.text for block in split_blocks(text)] == [
+        "First, a paragraph\nof two lines.",
+        # A list stays with what comes before it, and a loose list's items and their indented
+        # continuations together: apart, a numbered list would restart its numbers and a
+        # continuation would lose its item.
+        "# A heading\n\n- a list\n- tight\n\n- then loose\n\n  continued\n\n1. one\n\n2. two",
+        "End",
+    ]
+    assert "".join(block.text for block in split_blocks("Half a paragr")) == "Half a paragr"
+
+
 def test_a_code_block_left_open_is_closed_with_its_own_fence():
     assert with_fences_closed("Look:\n\n````sh\nls\n```\nrm\n") == "Look:\n\n````sh\nls\n```\nrm\n````"
     closed = "Look:\n\n~~~\nls\n~~~\nDone."
