@@ -529,7 +529,7 @@ class MainWindow(QMainWindow):
 
     @Slot(int, object, object)
     def _on_stats(self, _request_id: int, stats: GenerationStats, description: dict) -> None:
-        self.speed_panel.update_stats(stats, description)
+        self.speed_panel.show_live_stats(stats, description)
 
     @Slot(int, object, object)
     def _on_finished(self, _request_id: int, event: Finished, description: dict) -> None:

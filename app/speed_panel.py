@@ -15,7 +15,7 @@ from PySide6.QtCharts import (
     QLineSeries,
     QValueAxis,
 )
-from PySide6.QtCore import QMargins, QRectF, QSize, Qt
+from PySide6.QtCore import QMargins, QRectF, QSize, Qt, QTimer
 from PySide6.QtGui import QColor, QFont, QPainter, QPen
 from PySide6.QtWidgets import QDockWidget, QFrame, QGridLayout, QLabel, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
@@ -25,6 +25,8 @@ from engine.stats import GenerationStats
 from . import figures as fmt
 from .message_widget import is_dark
 from .provenance import DARK_COLOURS, LIGHT_COLOURS
+
+LIVE_INTERVAL_MS = 500  # live figures are shown at most this often (the engine sends them every 0.25 s)
 
 
 class ShareBar(QWidget):
@@ -182,6 +184,9 @@ class SpeedPanel(QDockWidget):
         self.charts = (rate_chart, position_chart)
         self._last_point = (0.0, 0)
         self._heads_card: dict | None = None
+        self._latest: tuple[GenerationStats, dict] | None = None  # live figures not shown yet
+        self._live_timer = QTimer(self, singleShot=True, interval=LIVE_INTERVAL_MS)
+        self._live_timer.timeout.connect(self._show_latest)
         self._show_sprinter_rows(False)
 
     def set_pair(self, description: dict) -> None:
@@ -227,6 +232,8 @@ class SpeedPanel(QDockWidget):
 
     def _show_verifier(self, exact: bool) -> None:
         label = self.values["verifier"]
+        if label.property("approximate") == (not exact) and self.names["unchecked"].isVisibleTo(self) == (not exact):
+            return  # as shown: re-polishing the style with every update was most of an update's cost
         label.setText(fmt.EXACT_VERIFIER if exact else fmt.SPRINTER_VERIFIER)
         label.setProperty("approximate", not exact)
         label.style().unpolish(label)
@@ -234,6 +241,7 @@ class SpeedPanel(QDockWidget):
         self._show_sprinter_rows(not exact)
 
     def start_reply(self, settings: DecodeSettings, verifier_label: str) -> None:
+        self._latest = None
         self.rate_series.clear()
         self.time_axis.setRange(0, 1.0)
         self.rate_axis.setRange(0, 10.0)
@@ -251,6 +259,21 @@ class SpeedPanel(QDockWidget):
     def show_reading(self, fraction: float) -> None:
         """A long prompt is being read: the wait before the first token, and how far it got."""
         self.caption.setText(fmt.reading(fraction))
+
+    def show_live_stats(self, stats: GenerationStats, description: dict) -> None:
+        """Figures of the reply being written: shown at most every LIVE_INTERVAL_MS, the latest
+        of them (the panel is read, not watched frame by frame, and every showing re-lays its
+        rows out and repaints its charts on the window's thread)."""
+        self._latest = (stats, description)
+        if not self._live_timer.isActive():
+            self._live_timer.start()
+            self._show_latest()
+
+    def _show_latest(self) -> None:
+        if self._latest is not None:
+            stats, description = self._latest
+            self._latest = None
+            self.update_stats(stats, description)
 
     def update_stats(self, stats: GenerationStats, description: dict) -> None:
         figures = stats.to_dict()
@@ -277,6 +300,7 @@ class SpeedPanel(QDockWidget):
         self.set_pair(description)
 
     def finish_reply(self, stats: GenerationStats, description: dict, stop_reason: str) -> None:
+        self._latest = None  # the final figures replace any live ones still waiting
         self.update_stats(stats, description)
         self.caption.setText(
             f"Last reply: {stats.tokens_generated} tokens in {stats.elapsed_s:.1f} s, "
@@ -285,6 +309,7 @@ class SpeedPanel(QDockWidget):
 
     def fail_reply(self) -> None:
         """The reply ended in an error: stop waiting for figures that will not come."""
+        self._latest = None
         self.speed.setText("—")
         self.caption.setText("The last reply failed; its error is shown above the chat")
 

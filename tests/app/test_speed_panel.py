@@ -120,3 +120,26 @@ def test_the_panel_says_what_autos_figure_compares_and_when_it_is_still_measurin
     panel.finish_reply(stats, {}, "eos")
     assert panel.caption.text().endswith(
         "Auto: tree, 2.50× plain decoding's speed on this machine (median of 10 recent rounds of each).")
+
+
+def test_live_figures_are_shown_at_most_twice_a_second_and_the_final_ones_at_once(qtbot):
+    panel = SpeedPanel()
+    qtbot.addWidget(panel)
+    panel.start_reply(DecodeSettings(method="ar"), "Exact")
+    description = {"device": "cpu", "precision": "bf16", "memory_mb": 800.0}
+
+    def stats(tokens: int) -> GenerationStats:
+        return GenerationStats(method="ar", tokens_generated=tokens, elapsed_s=tokens / 100, time_to_first_token_s=0.01)
+
+    panel.show_live_stats(stats(10), description)
+    assert panel.caption.text().startswith("10 tokens")  # the first figures at once
+    panel.show_live_stats(stats(20), description)
+    panel.show_live_stats(stats(30), description)
+    assert panel.caption.text().startswith("10 tokens")  # later ones wait for the interval...
+    qtbot.waitUntil(lambda: panel.caption.text().startswith("30 tokens"), timeout=2000)  # ...and the latest shows
+    panel.show_live_stats(stats(40), description)
+    panel.show_live_stats(stats(50), description)
+    panel.finish_reply(stats(60), description, "eos")
+    assert panel.caption.text().startswith("Last reply: 60 tokens")
+    qtbot.wait(700)
+    assert panel.caption.text().startswith("Last reply: 60 tokens")  # no live figure replaces the final ones
