@@ -143,6 +143,25 @@ def _parser() -> argparse.ArgumentParser:
     soak.add_argument("--json", type=Path, dest="json_out", help="write the figures here")
     soak.set_defaults(run=_run_soak)
 
+    gui_bench = commands.add_parser(
+        "gui-bench", help="send prompts through the desktop app's real window and through the engine alone, and "
+        "compare: the app's tok/s against the engine's, the window thread's CPU share, the longest wait between updates",
+    )
+    _add_pair_arguments(gui_bench)
+    gui_bench.add_argument("--prompts", type=Path, help="JSON Lines file with a \"prompt\" key per line (default: shipped set)")
+    gui_bench.add_argument("--limit", type=int, default=4, help="use only the first N prompts (default: 4)")
+    gui_bench.add_argument(
+        "--methods", default="default",
+        help="comma-separated methods; default = the method the app decodes the pair with (default: default)",
+    )
+    gui_bench.add_argument(
+        "--temperature", type=float, default=CHAT_DEFAULT_TEMPERATURE,
+        help=f"0 is greedy (default: {CHAT_DEFAULT_TEMPERATURE:g}, the app's)",
+    )
+    gui_bench.add_argument("--max-new-tokens", type=int, default=256, help="longest reply (default: 256)")
+    gui_bench.add_argument("--json", type=Path, dest="json_out", help="write the figures here")
+    gui_bench.set_defaults(run=_run_gui_bench)
+
     add_distill_command(commands)
     add_ngram_table_command(commands)
     add_export_gguf_command(commands)
@@ -339,3 +358,17 @@ def _run_soak(args: argparse.Namespace) -> int:
     # as for the desktop app.
     app_soak = importlib.import_module("app.soak")
     return app_soak.command(_pair_from_args(args), args.replies, args.max_new_tokens, args.warmup, args.json_out)
+
+
+def _run_gui_bench(args: argparse.Namespace) -> int:
+    # The window needs Qt: loaded only here, as for the desktop app and the soak.
+    from .prompts import CHAT_PROMPTS, read_prompts
+
+    app_gui_bench = importlib.import_module("app.gui_bench")
+    prompts = read_prompts(args.prompts or CHAT_PROMPTS)[: args.limit or None]
+    names = [name.strip() for name in args.methods.split(",") if name.strip()]
+    unknown = [name for name in names if name not in methods.NAMES + (app_gui_bench.DEFAULT_ALIAS,)]
+    if unknown or not names:
+        raise ConfigError(f"unknown method {unknown[0]!r}" if unknown else "no method given")
+    settings = DecodeSettings(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+    return app_gui_bench.command(_pair_from_args(args), prompts, names, settings, args.json_out)

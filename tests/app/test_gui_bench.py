@@ -1,0 +1,54 @@
+"""`tandem gui-bench` sends prompts through the real window and through the engine alone, and
+its figures are measurements of those runs: the tokens the engine wrote, times within the run."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app import gui_bench
+from engine import cli
+from engine.config import DecodeSettings, demo_pair
+from tests.app.fake_engine import FakeEngine, words
+
+REPLY = "A short reply, in **markdown**:\n\n- one\n- two\n\n```python\nprint('hi')\n```\n\nThe end."
+PROMPTS = ["Say something.", "Say something else."]
+
+
+def test_the_report_counts_the_tokens_the_engine_wrote_and_times_the_window(qtbot, tmp_path):
+    engine = FakeEngine(reply=REPLY, token_delay_s=0.01, stats_every_round=False)
+    json_out = tmp_path / "figures.json"
+    settings = DecodeSettings(temperature=0.7, max_new_tokens=64)
+    assert gui_bench.command(demo_pair(), PROMPTS, ["ar", "default"], settings, json_out, engine=engine) == 0
+
+    report = json.loads(json_out.read_text())
+    assert [row["method"] for row in report["methods"]] == ["ar", "auto"]  # default: the app's method for the pair
+    reply_tokens = len(words(REPLY))
+    for row in report["methods"]:
+        assert row["prompts"] == len(PROMPTS)
+        assert row["engine_tokens"] == row["app_tokens"] == reply_tokens * len(PROMPTS)
+        for run in row["per_prompt"]:
+            app = run["app"]
+            assert app["tokens"] == run["engine"]["tokens"] == reply_tokens
+            assert 0 < app["streaming_s"] <= app["seconds"] < report["seconds"]
+            assert 0 < app["longest_gap_s"] <= app["streaming_s"]
+            assert app["updates"] >= 1  # the reply's text was shown while it streamed
+            assert 0 <= app["main_thread_cpu_s"] <= app["streaming_s"] * 1.05
+        assert row["app_tokens_per_s"] == pytest.approx(row["app_tokens"] / row["app_seconds"])
+        assert row["app_to_engine"] == pytest.approx(row["app_tokens_per_s"] / row["engine_tokens_per_s"])
+        assert 0 <= row["main_thread_cpu_share"] <= 1.05
+    # Every prompt went through the engine twice per method (alone, then in the window), after a warm-up.
+    sent = [messages[-1].content for messages, _settings, _system in engine.requests]
+    assert sent.count(PROMPTS[0]) == sent.count(PROMPTS[1]) == 4
+
+
+def test_the_command_line_runs_the_app_bench_with_its_options(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(gui_bench, "command", lambda *args: calls.append(args) or 0)
+    argv = ["gui-bench", "--limit", "2", "--methods", "ar,default", "--temperature", "0", "--max-new-tokens", "32",
+            "--json", str(tmp_path / "out.json")]
+    assert cli.main(argv) == 0
+    pair, prompts, names, settings, json_out = calls[0]
+    assert pair == demo_pair() and len(prompts) == 2 and names == ["ar", "default"]
+    assert settings.temperature == 0 and settings.max_new_tokens == 32 and json_out == tmp_path / "out.json"
+    assert cli.main(["gui-bench", "--methods", "warp"]) == 2  # an unknown method is refused before any load
