@@ -102,6 +102,12 @@ def _parser() -> argparse.ArgumentParser:
         "'predicted' tok/s column for that device: what was drafted and accepted here, at that device's prices",
     )
     bench.add_argument("--profile", type=int, metavar="N", default=0, help="also print the N functions that took the most time")
+    bench.add_argument(
+        "--synthetic-acceptance", metavar="P1,P2,...", type=_rates, default=(),
+        help="benchmark the machinery at given acceptance: keep the draft token at depth d with probability Pd "
+        "(unconditional and non-increasing, as llama.cpp's --spec-synth-rates) instead of by the target's agreement; "
+        "drafters and the target run and pay their real cost; the replies are NOT valid text",
+    )
     bench.set_defaults(run=_run_bench)
 
     serve = commands.add_parser(
@@ -239,6 +245,13 @@ def _add_decoding_arguments(
     parser.add_argument("--seed", type=int)
 
 
+def _rates(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated probabilities, e.g. 0.8,0.64,0.51,0.41; got {text!r}") from None
+
+
 def _pair_from_args(args: argparse.Namespace) -> PairConfig:
     from .pairs import find_pair
 
@@ -317,6 +330,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     from .tools.costs import CostTable, measure_costs
 
     settings = _settings_from_args(args, methods.NAMES)  # the bench sets the method of each run itself
+    settings = settings.with_changes(synthetic_acceptance=args.synthetic_acceptance)
     chosen = parse_methods(args.methods, ALL_METHODS + (DEFAULT_ALIAS,))
     prompts = read_prompts(args.prompts or CHAT_PROMPTS)
     if args.limit:

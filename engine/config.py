@@ -168,6 +168,9 @@ class DecodeSettings:
     adaptive_max_tokens: int = 16
     # SPRINTER: at most this many tokens in a row go out unchecked before the target runs.
     sprinter_max_unchecked: int = 16
+    # Benchmarks only: keep draft tokens at random at these per-depth rates instead of by the
+    # target's agreement (verifying/synthetic.py); the text is then not valid.
+    synthetic_acceptance: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if self.method not in methods.NAMES:
@@ -191,6 +194,20 @@ class DecodeSettings:
         if not 1 <= self.sprinter_max_unchecked <= 256:
             raise ConfigError("sprinter_max_unchecked must be between 1 and 256")
         self.fixed_tree_shape  # validates
+        # a tuple however it came (JSON gives lists), so that settings read back compare equal
+        try:
+            object.__setattr__(self, "synthetic_acceptance", tuple(float(rate) for rate in self.synthetic_acceptance))
+        except (TypeError, ValueError):
+            raise ConfigError("synthetic_acceptance must be a list of numbers") from None
+        if self.synthetic_acceptance:
+            from .verifying.synthetic import checked_rates
+
+            try:
+                checked_rates(self.synthetic_acceptance)
+            except ValueError as error:
+                raise ConfigError(str(error)) from None
+            if not methods.is_exact(self.method):
+                raise ConfigError(f"synthetic acceptance replaces exact verification; {self.method} is approximate")
 
     @property
     def fixed_tree_shape(self) -> tuple[int, int] | None:

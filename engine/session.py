@@ -44,6 +44,7 @@ from .round import play_round, time_verify
 from .sampling import Sampler
 from .stats import GenerationStats
 from .tree_shape import AutoTreeShape, FixedTreeShape
+from .verifying.synthetic import synthetic_verifier
 
 ProgressCallback = Callable[[str, "float | None"], None]
 
@@ -327,6 +328,8 @@ class Generation:
             pair.calibrate_trees()  # a no-op once measured, as it is after load_pair
         row = methods.method(settings.method)
         drafter, verify = row.drafter(pair, settings), row.verifier(settings)
+        if settings.synthetic_acceptance:  # a benchmark of the machinery, not of the pair's agreement
+            verify = synthetic_verifier(settings.synthetic_acceptance, pair.stop_token_ids, settings.seed)
         # Room past the prompt for one round's draft and the target's own token.
         reserve = min(settings.max_new_tokens + drafter.lookahead + 1, pair.context_length // 2)
         max_prompt_tokens = pair.context_length - reserve

@@ -59,6 +59,10 @@ class TokenTree:
     def child_count(self, node: int) -> int:
         return len(self._children[node])
 
+    def children(self, node: int) -> list[int]:
+        """`node`'s children in the order they were drafted (a drafter's likeliest first)."""
+        return list(self._children[node].values())
+
     def path(self, node: int) -> list[int]:
         """The nodes from depth 1 down to `node` (empty for the root)."""
         nodes = []

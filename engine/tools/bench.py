@@ -180,8 +180,9 @@ class Bench:
 
     def run(self, prompts: list[str], methods: list[str], progress: Callable[[str], None] = print) -> dict:
         results = self.replies(prompts, methods, progress)
-        progress("scoring every output with the target…")
-        self._score_with_target(prompts, results)
+        if not self.settings.synthetic_acceptance:  # synthetic replies are not text worth scoring
+            progress("scoring every output with the target…")
+            self._score_with_target(prompts, results)
         reference = results.get("ar")
         learnt_shapes = {} if self.settings.fixed_tree_shape else self.pair.auto_tree_shapes
         return {
@@ -191,6 +192,7 @@ class Bench:
             "results": [results[method].summary(reference, self.cost_table) for method in methods],
             "cost_table": self.cost_table.to_dict() if self.cost_table else None,
             "tree_shapes": {method: learnt_shapes[method].describe() for method in methods if method in learnt_shapes},
+            "synthetic_acceptance": list(self.settings.synthetic_acceptance) or None,
         }
 
     def replies(self, prompts: list[str], methods: list[str], progress: Callable[[str], None] = print) -> dict[str, MethodResult]:
@@ -362,6 +364,10 @@ def format_table(report: dict) -> str:
         reach = ", ".join(f"{share:.2f}" for share in shape["reach_by_depth"])
         draft_ms = f"{shape['draft_call_ms']:.1f}" if shape["draft_call_ms"] else "—"
         lines.append(f"{method} (auto shape): verify ms by tokens {{{costs}}}; draft call {draft_ms} ms; reach by depth [{reach}]")
+    rates = report.get("synthetic_acceptance")
+    if rates:
+        lines.append(f"SYNTHETIC ACCEPTANCE at rates [{', '.join(f'{rate:g}' for rate in rates)}] by depth: drafters and the "
+                     "target ran and paid their real cost, drafts were kept at random; the replies are not valid text")
     if table:
         lines.append(f"pred: the replies above re-timed with the cost table of {table['device']} ({table['source']}); "
                      "Python's time per round is not in it")
