@@ -49,7 +49,8 @@ def test_a_reply_streams_as_markdown_with_stats_in_order(ready_window, qtbot):
     shown = shown_markdown(reply)
     assert "short" in shown and "**" not in shown  # rendered, not raw markdown
     assert "print('hello from the fake engine')" in shown
-    assert [block.kind for block in reply.markdown.blocks] == ["prose", "code", "prose"]
+    # The intro and its list, the table (a paragraph of its own), the code, the last line.
+    assert [block.kind for block in reply.markdown.blocks] == ["prose", "prose", "code", "prose"]
     assert reply.figures_line.isVisible() and "tok/s" in reply.figures_line.summary.text()
     assert window.speed_panel.speed.text().endswith("tok/s")
     assert window.speed_panel.rate_series.count() > 1
@@ -269,16 +270,22 @@ def test_an_engine_error_mid_reply_is_shown_and_nothing_is_lost(ready_window, qt
     assert [m.content for m in engine.requests[-1][0]] == ["Write a lot", "Try again"]
 
 
-def test_each_streamed_delta_is_saved_at_once(ready_window, qtbot, tandem_home):
-    window = ready_window(FakeEngine(token_delay_s=0.03))
+def test_a_streaming_reply_is_saved_as_it_streams_for_a_process_killed_mid_reply(ready_window, qtbot, tandem_home):
+    window = ready_window(FakeEngine(reply=" ".join(f"word{i}" for i in range(200)), token_delay_s=0.05))
     send(qtbot, window, "Stream")
-    qtbot.waitUntil(lambda: len(last_reply(window).text) > 20, timeout=5000)
-    # What a process killed now would leave behind, read by another connection.
-    shown = last_reply(window).text
-    row = sqlite3.connect(tandem_home / "data" / "chats.sqlite3").execute(
-        "SELECT content, status FROM messages WHERE role='assistant'"
-    ).fetchone()
-    assert row[1] == "streaming" and row[0].startswith(shown[:20]) and len(row[0]) >= len(shown)
+
+    def saved() -> tuple[str, str]:
+        # What a process killed now would leave behind, read by another connection.
+        return sqlite3.connect(tandem_home / "data" / "chats.sqlite3").execute(
+            "SELECT content, status FROM messages WHERE role='assistant'"
+        ).fetchone()
+
+    qtbot.waitUntil(lambda: saved()[0] != "", timeout=5000)  # once a second, not at the end only
+    content, status = saved()
+    assert status == "streaming" and last_reply(window).text.startswith(content)
+    with qtbot.waitSignal(window.client.finished, timeout=5000):
+        window.pane.stop_button.click()
+    assert saved() == (last_reply(window).text, "stopped")
 
 
 def test_conversations_can_be_searched_renamed_and_deleted(ready_window, qtbot, monkeypatch):
