@@ -94,13 +94,29 @@ def forward_threads() -> int:
         return fixed
     if _forward_budget is None:
         _forward_budget = ThreadBudget(torch_threads(), read_busy=busy_seconds_with_others)
-    return _forward_budget.threads()
+    threads = _forward_budget.threads()
+    if threads != _torch_threads_set[0]:
+        # torch's own ops between the forwards (sampling over the vocabulary, the drafts' glue)
+        # run on the same OpenMP threads: a 2-thread softmax stalled on the taken core as the
+        # forward did (one busy process: 46 tok/s with the forward on one thread, torch on two)
+        set_torch_threads(threads)
+        _torch_threads_set[0] = threads
+    return threads
+
+
+_torch_threads_set = [0]  # the count forward_threads last gave torch (0: none yet)
 
 
 def torch_threads() -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+def set_torch_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def busy_seconds_with_others() -> tuple[float, float]:

@@ -95,6 +95,9 @@ def test_the_native_forwards_threads_follow_the_budget_and_the_windows_thread_co
     monkeypatch.setattr(cpu, "_forward_budget", None)
     monkeypatch.setattr(cpu, "torch_threads", lambda: 2)
     monkeypatch.setattr(cpu, "_threads_of_others", set())
+    torch_given = []  # torch's own ops follow the same count
+    monkeypatch.setattr(cpu, "set_torch_threads", torch_given.append)
+    monkeypatch.setattr(cpu, "_torch_threads_set", [0])
     real_budget = cpu.ThreadBudget
     monkeypatch.setattr(cpu, "ThreadBudget", lambda cores, read_busy: real_budget(cores, read_busy=read_busy, clock=lambda: machine.now))
 
@@ -103,8 +106,10 @@ def test_the_native_forwards_threads_follow_the_budget_and_the_windows_thread_co
     assert cpu.forward_threads() == 2  # quiet
     machine.run(1.0, others_busy=1.0, own_busy=1.0)
     assert cpu.forward_threads() == 1  # another process holds a core
+    assert torch_given == [2, 1]
     machine.run(1.0, others_busy=0.0, own_busy=2.0)
     assert cpu.forward_threads() == 2
+    assert torch_given == [2, 1, 2]
     # The window's thread busy for a whole core, inside this process: not the forward's core.
     machine.run(1.0, others_busy=0.0, own_busy=2.0)
     assert cpu.forward_threads() == 2  # not registered: it counts as the forward's own
