@@ -360,11 +360,14 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    from .model_files import check_pair_files
     from .serve.command import serve
     from .serve.limits import ServerLimits
 
     limits = ServerLimits(max_tokens=args.max_tokens_limit, max_waiting=args.max_waiting)
-    return serve(_load(_pair_from_args(args)), args.host, args.port, args.api_key, limits)
+    config = _pair_from_args(args)
+    check_pair_files(config)  # a missing or broken model file is said before the server starts
+    return serve(config, args.host, args.port, args.api_key, limits)
 
 
 def _run_soak(args: argparse.Namespace) -> int:

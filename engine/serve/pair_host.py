@@ -20,20 +20,33 @@ from .api_errors import RequestError
 class PairHost:
     def __init__(
         self,
-        loaded: LoadedPair,
+        loaded: LoadedPair | PairConfig,
         saved_pairs: Callable[[], list[PairConfig]] = all_pairs,
         load: Callable[[PairConfig], LoadedPair] = load_pair,
     ):
-        self.default_name = loaded.config.name
+        """`loaded`: the first pair, loaded, or its config for the worker thread to load
+        (`tandem serve` does that: see `load_first`)."""
+        first = loaded if isinstance(loaded, PairConfig) else loaded.config
+        self.default_name = first.name
         # The first pair is kept by its config: one from --target is not among the saved ones.
-        self._first = loaded.config
+        self._first = first
         self._saved_pairs = saved_pairs
         self._load = load
         self._pair: LoadedPair | None = None
         # Set on a compile's thread when a runtime's background work ends; the worker thread
         # then measures again what it changed, before its next reply (as `tandem chat` does).
         self._background_work_ended = threading.Event()
-        self._hold(loaded)
+        if not isinstance(loaded, PairConfig):
+            self._hold(loaded)
+
+    def load_first(self) -> None:
+        """Load the first pair now, on the calling thread (the worker's, before any request).
+
+        Why there and not on the main thread: a thread's OpenMP threads stay with it, and two
+        threads' teams of two on two cores make libgomp stop spinning at its barriers: a reply
+        on the worker after a load on the main thread ran at a third of its speed (47 tok/s
+        against 140 on the demo pair, docs/BENCHMARKS.md)."""
+        self.pair_for(None)
 
     def names(self) -> list[str]:
         """Every pair a request may name, the first pair's first."""

@@ -143,6 +143,10 @@ class GenerationQueue:
         return self._jobs.qsize()
 
     def _work(self) -> None:
+        try:
+            self.pairs.load_first()  # the models' threads are this thread's (PairHost.load_first)
+        except Exception:  # noqa: BLE001 -- said here; each request then gets the reason as its error
+            log.exception("the pair could not be loaded")
         while (job := self._jobs.get()) is not None:
             self.running = job
             try:
