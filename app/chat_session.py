@@ -16,6 +16,7 @@ from .chat_view import ChatPane
 from .error_text import error_text
 from .figures import reading, reply_figures, sprinter_quality
 from .provenance import Runs, extend_runs, fit_runs, split_delta
+from .reading_time import LONG_READ_S, ReadingClock, ReadingSpeed, ReadingSpeeds, chars_per_token, long_read_warning
 from .storage import COMPLETE, EXACT, FAILED, STOPPED, STREAMING, ChatStore, StoredMessage
 from .worker import EngineClient
 
@@ -47,6 +48,10 @@ class Stream:
     runs: Runs = field(default_factory=list)
     note: str = ""
     reading: bool = False  # a long prompt is being read: the status says how far
+    pair_name: str = ""
+    prompt_chars: int = 0  # the conversation's characters the prompt is made of
+    chars_per_token: float | None = None  # of this prompt, once PromptPrepared told its tokens
+    reading_clock: ReadingClock | None = None  # times a long prompt's reading
     carried_on: StoredMessage | None = None  # Continue: the reply as it was before this stream
     base_text: str = ""  # what this stream's text follows: the continued reply so far
     stored_at: float = field(default_factory=time.monotonic)  # when the chats file last got the text so far
@@ -55,6 +60,7 @@ class Stream:
 class ChatController(QObject):
     conversations_changed = Signal()  # titles or order changed: the list should refresh
     reply_started = Signal(object, str)  # DecodeSettings, verifier label
+    reading_progress = Signal(float, object)  # a long prompt's fraction read, seconds left or None
 
     def __init__(
         self,
@@ -72,6 +78,11 @@ class ChatController(QObject):
         self.conversation_id: int | None = None
         self.stream: Stream | None = None
         self.editing: StoredMessage | None = None
+        self.reading_speeds = ReadingSpeeds(store)
+        self._long_message_announced: str | None = None  # sent again unchanged, it goes
+        # The conversation the engine read last: its caches hold that one's prompt, so a
+        # message there is read alone, and one in another conversation with its history.
+        self._last_read_conversation: int | None = None
 
         pane.send_requested.connect(self.send)
         pane.stop_requested.connect(self.stop)
@@ -136,6 +147,12 @@ class ChatController(QObject):
     def send(self, text: str) -> None:
         if not self.client.can_generate or not text.strip():
             return
+        wait = self.reading_estimate(text)
+        if wait is not None and wait > LONG_READ_S and text != self._long_message_announced:
+            self._long_message_announced = text
+            self.pane.show_long_read_notice(long_read_warning(wait))
+            return
+        self._long_message_announced = None
         if self.conversation_id is None:
             self.conversation_id = self.store.create_conversation(title_from(text)).id
             self.store.set_state("selected_conversation", str(self.conversation_id))
@@ -152,6 +169,19 @@ class ChatController(QObject):
         self.pane.input.clear()
         self._start_reply()
         self.conversations_changed.emit()
+
+    def reading_estimate(self, text: str) -> float | None:
+        """About how many seconds the models will read before replying to `text`, from the
+        pair's measured prompt speed; None before one was measured."""
+        pair = self.client.pair
+        speed = self.reading_speeds.get(pair.config.name) if pair is not None else None
+        if speed is None:
+            return None
+        characters = len(text)
+        if self.conversation_id is not None and self.conversation_id != self._last_read_conversation:
+            conversation = self.store.conversation(self.conversation_id)
+            characters += len(conversation.system_prompt) + sum(len(m.content) for m in self.store.messages(conversation.id))
+        return speed.seconds_for(characters)
 
     @Slot()
     def regenerate(self) -> None:
@@ -225,7 +255,12 @@ class ChatController(QObject):
         verifier_label = pair.verifier_label(settings.verifier) if pair else settings.verifier
         quality = None if settings.exact or pair is None else sprinter_quality(pair.heads_card, settings.greedy)
         request_id = self.client.generate(history, settings, conversation.system_prompt)
-        self.stream = Stream(request_id, message_id, conversation.id, settings, verifier_label, quality, carried_on=carried_on)
+        self._last_read_conversation = conversation.id
+        self.stream = Stream(
+            request_id, message_id, conversation.id, settings, verifier_label, quality, carried_on=carried_on,
+            pair_name=pair.config.name if pair else "",
+            prompt_chars=len(conversation.system_prompt) + sum(len(m.content) for m in history),
+        )
         if carried_on is not None:
             # A character the limit cut in two is written again, whole (chat_prompt.reply_to_continue).
             base = carried_on.content.rstrip(INCOMPLETE_CHARACTER)
@@ -240,19 +275,38 @@ class ChatController(QObject):
     @Slot(int, object)
     def _on_prompt_prepared(self, request_id: int, event: PromptPrepared) -> None:
         stream = self._stream_for(request_id)
+        if stream is not None and not event.dropped_turns:  # else the prompt lacks some of the characters
+            stream.chars_per_token = chars_per_token(stream.prompt_chars, event.prompt_tokens)
         if stream is not None and event.dropped_turns:
             stream.note = f"the {event.dropped_turns} oldest messages were left out to fit the model's context"
             widget = self.pane.view.widget_for(stream.message_id)
             if widget is not None:
                 widget.set_status(STREAMING, stream.note)
 
-    @Slot(int, object)
-    def _on_prompt_progress(self, request_id: int, event: PromptProgress) -> None:
+    @Slot(int, object, float)
+    def _on_prompt_progress(self, request_id: int, event: PromptProgress, read_at: float) -> None:
         stream = self._stream_for(request_id)
-        widget = self.pane.view.widget_for(stream.message_id) if stream is not None else None
+        if stream is None:
+            return
+        if stream.reading_clock is None:
+            known = self.reading_speeds.get(stream.pair_name)
+            stream.reading_clock = ReadingClock(known.tokens_per_s if known else None)
+        clock = stream.reading_clock
+        clock.add(event, read_at)
+        seconds_left = clock.seconds_left()
+        if clock.finished:
+            self._remember_reading_speed(stream, clock)
+        self.reading_progress.emit(event.fraction, seconds_left)
+        widget = self.pane.view.widget_for(stream.message_id)
         if widget is not None:
             stream.reading = True
-            widget.set_status(STREAMING, stream.note, activity=reading(event.fraction))
+            widget.set_status(STREAMING, stream.note, activity=reading(event.fraction, seconds_left))
+
+    def _remember_reading_speed(self, stream: Stream, clock: ReadingClock) -> None:
+        known = self.reading_speeds.get(stream.pair_name)
+        ratio = stream.chars_per_token or (known.chars_per_token if known else None)
+        if clock.tokens_per_s and ratio:
+            self.reading_speeds.remember(stream.pair_name, ReadingSpeed(clock.tokens_per_s, ratio))
 
     @Slot(int, object)
     def _on_text_delta(self, request_id: int, delta: TextDelta) -> None:

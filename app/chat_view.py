@@ -243,6 +243,13 @@ class ChatPane(QWidget):
         self.send_notice.setObjectName("editNotice")
         self.send_notice.setVisible(False)
         bottom.addWidget(self.send_notice)
+        # A message that would take long to read says how long before it goes; editing it
+        # takes the question back, sending it again answers yes.
+        self.long_read_notice = QLabel()
+        self.long_read_notice.setObjectName("editNotice")
+        self.long_read_notice.setWordWrap(True)
+        self.long_read_notice.setVisible(False)
+        bottom.addWidget(self.long_read_notice)
         row = QHBoxLayout()
         self.input = InputBox()
         self.send_button = QPushButton("Send")
@@ -265,6 +272,7 @@ class ChatPane(QWidget):
 
         self.input.submitted.connect(self._submit)
         self.input.cancelled.connect(self.edit_cancelled)
+        self.input.textChanged.connect(lambda: self.long_read_notice.setVisible(False))
         self.send_button.clicked.connect(self._submit)
         self.stop_button.clicked.connect(self.stop_requested)
         self.stop_shortcut.activated.connect(self.stop_requested)
@@ -283,6 +291,10 @@ class ChatPane(QWidget):
             self._show_send_notice("Your message will be sent when the model pair is ready.")
         elif not self.stop_button.isVisible():
             self._show_send_notice(self.send_button.toolTip())
+
+    def show_long_read_notice(self, text: str) -> None:
+        self.long_read_notice.setText(text)
+        self.long_read_notice.setVisible(True)
 
     def _show_send_notice(self, text: str) -> None:
         self.send_notice.setText(text)

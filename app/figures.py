@@ -5,6 +5,8 @@ version still shows, and the panel and the message line format them the same way
 """
 from __future__ import annotations
 
+import math
+
 from engine import methods
 from engine.config import DecodeSettings
 from engine.heads.figures import describe_sprinter, sprinter_figures
@@ -130,9 +132,18 @@ def ratio(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}"
 
 
-def reading(fraction: float) -> str:
-    """What a reply waits for while the models read a long prompt."""
-    return f"Reading your message… {fraction:.0%}"
+def reading(fraction: float, seconds_left: float | None = None) -> str:
+    """What a reply waits for while the models read a long prompt, and for how much longer."""
+    left = "" if seconds_left is None or seconds_left <= 0 else f" · about {duration(seconds_left)} left"
+    return f"Reading your message… {fraction:.0%}{left}"
+
+
+def duration(seconds: float) -> str:
+    """'40 s', '2 min 10 s', '5 min': a wait, rounded as a person would say it."""
+    if seconds <= 59:
+        return f"{max(1, math.ceil(seconds))} s"
+    minutes, rest = divmod(round(seconds / 10) * 10, 60)
+    return f"{minutes} min {rest} s" if rest else f"{minutes} min"
 
 
 def decoding_mode(decoding: dict, verifier_label: str = "") -> str:

@@ -280,7 +280,7 @@ class MainWindow(QMainWindow):
         self.client.load_progress.connect(self._on_load_progress)
         self.client.pair_loaded.connect(self._on_pair_loaded)
         self.client.load_failed.connect(self._on_load_failed)
-        self.client.prompt_progress.connect(lambda _request_id, event: self.speed_panel.show_reading(event.fraction))
+        self.controller.reading_progress.connect(self.speed_panel.show_reading)
         self.client.stats_updated.connect(self._on_stats)
         self.client.finished.connect(self._on_finished)
         self.client.errored.connect(lambda _request_id, _error: self.speed_panel.fail_reply())

@@ -256,9 +256,10 @@ class SpeedPanel(QDockWidget):
         self.share_bar.set_share(None)
         self._set_positions([])
 
-    def show_reading(self, fraction: float) -> None:
-        """A long prompt is being read: the wait before the first token, and how far it got."""
-        self.caption.setText(fmt.reading(fraction))
+    def show_reading(self, fraction: float, seconds_left: float | None = None) -> None:
+        """A long prompt is being read: the wait before the first token, how far it got, and
+        about how long it has left."""
+        self.caption.setText(fmt.reading(fraction, seconds_left))
 
     def show_live_stats(self, stats: GenerationStats, description: dict) -> None:
         """Figures of the reply being written: shown at most every LIVE_INTERVAL_MS, the latest

@@ -112,7 +112,9 @@ class EngineWorker(QObject):
     pair_loaded = Signal(object)  # PairInfo
     load_failed = Signal(object, object)  # PairConfig, Exception
     prompt_prepared = Signal(int, object)  # request id, PromptPrepared
-    prompt_progress = Signal(int, object)  # request id, PromptProgress
+    # Request id, PromptProgress, when it was read (time.monotonic() here, not as it arrives:
+    # the window may take the first one late, and the reading speed is measured from these).
+    prompt_progress = Signal(int, object, float)
     text_delta = Signal(int, object)  # request id, TextDelta
     stats_updated = Signal(int, object, object)  # request id, GenerationStats, pair description now
     finished = Signal(int, object, object)  # request id, Finished, pair description now
@@ -242,7 +244,7 @@ class EngineWorker(QObject):
         elif isinstance(event, PromptPrepared):
             self.prompt_prepared.emit(request_id, event)
         elif isinstance(event, PromptProgress):
-            self.prompt_progress.emit(request_id, event)
+            self.prompt_progress.emit(request_id, event, time.monotonic())
         elif isinstance(event, Finished):
             self.finished.emit(request_id, event, self._pair.describe())
 
@@ -305,7 +307,7 @@ class EngineClient(QObject):
     pair_loaded = Signal(object)
     load_failed = Signal(object, object)
     prompt_prepared = Signal(int, object)
-    prompt_progress = Signal(int, object)
+    prompt_progress = Signal(int, object, float)
     text_delta = Signal(int, object)
     stats_updated = Signal(int, object, object)
     finished = Signal(int, object, object)
@@ -463,10 +465,10 @@ class EngineClient(QObject):
         if not self._closed:
             self.prompt_prepared.emit(request_id, event)
 
-    @Slot(int, object)
-    def _on_prompt_progress(self, request_id: int, event: PromptProgress) -> None:
+    @Slot(int, object, float)
+    def _on_prompt_progress(self, request_id: int, event: PromptProgress, read_at: float) -> None:
         if not self._closed:
-            self.prompt_progress.emit(request_id, event)
+            self.prompt_progress.emit(request_id, event, read_at)
 
     @Slot(int, object)
     def _on_text_delta(self, request_id: int, event: TextDelta) -> None:

@@ -72,6 +72,8 @@ class FakeEngine:
     failing_sources: dict[str, Exception] = field(default_factory=dict)
     fail_after_tokens: int | None = None
     reading_chunks: int = 0  # as for a long prompt: PromptProgress events before the first text
+    reading_chunk_tokens: int = 256  # the prompt tokens each of them reads
+    reading_chunk_s: float | None = None  # how long each takes (None: token_delay_s)
     stats_every_round: bool = True  # False: figures every settings.stats_every_s, as the real engine sends them
     generation_error: Exception = field(
         default_factory=lambda: OutOfMemoryError("The machine ran out of memory while generating.")
@@ -207,9 +209,12 @@ class FakeGeneration:
         settings, engine = self.settings, self.engine
         prompt_tokens = sum(len(words(message.content)) for message in self.messages)
         yield PromptPrepared(prompt_tokens, 0, 2048)
+        chunk_s = engine.token_delay_s if engine.reading_chunk_s is None else engine.reading_chunk_s
         for chunk in range(engine.reading_chunks + 1 if engine.reading_chunks else 0):
-            time.sleep(engine.token_delay_s)
-            yield PromptProgress(chunk * 256, engine.reading_chunks * 256)
+            if self._stop.is_set():  # as the engine's reading: stopped between chunks
+                break
+            time.sleep(chunk_s)
+            yield PromptProgress(chunk * engine.reading_chunk_tokens, engine.reading_chunks * engine.reading_chunk_tokens)
         tokens = words(engine.reply)
         if self.messages and self.messages[-1].role == "assistant":  # Continue: carry on after the reply so far
             tokens = tokens[len(words(self.messages[-1].content)):]

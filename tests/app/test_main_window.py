@@ -68,7 +68,10 @@ def test_a_long_prompt_shows_how_far_reading_it_got_until_the_reply_starts(ready
     )
     window.client.text_delta.connect(lambda *_: seen.append(f"text, {last_reply(window).status.text()}"))
     send_and_wait(qtbot, window, "A long document…")
-    reading = [f"Reading your message… {p}% | Reading your message… {p}%" for p in (0, 25, 50, 75, 100)]
+    # The status and the speed panel say the same; time left once the reading has advanced.
+    left = " · about 1 s left"
+    reading = [f"Reading your message… {p} | Reading your message… {p}"
+               for p in ("0%", f"25%{left}", f"50%{left}", f"75%{left}", "100%")]
     assert seen[: len(reading)] == reading
     assert set(seen[len(reading):]) == {"text, writing…"}  # the first text ends the reading
     assert "Reading" not in window.speed_panel.caption.text()
