@@ -14,7 +14,9 @@ About, export, the token-limit notice, a pair that failed to load, the dark them
 `compile` (issue 21, over the fake engine: a torch pair compiling in the background, then
 compiled, and the pair picker's compile setting), `found-models` (issue 48, over the fake
 engine: the pair picker listing models found in fake LM Studio, Ollama, Hugging Face, GPT4All
-and Jan folders, and a found target's drafts, EAGLE-3 head and methods).
+and Jan folders, and a found target's drafts, EAGLE-3 head and methods), `long-message` (issue
+45, over the fake engine: a long message's reading time said before it is sent, and the time
+left while it is read).
 
 Runs in a private TANDEM_HOME (converted weights are shared with the user cache) on the
 offscreen platform unless a display is set. The pair picker lists the converted demo folder,
@@ -523,8 +525,32 @@ def found_models(app: QApplication, home: Path) -> None:
         window.close()
 
 
+def long_message(app: QApplication, home: Path) -> None:
+    """Issue 45, over the fake engine reading prompts at about 300 tokens/s: a 30,000-character
+    message announced with its reading time before it is sent, then its reading with the time left."""
+    from tests.app.fake_engine import FakeEngine
+
+    engine = FakeEngine(token_delay_s=0.02, reading_chunks=4, reading_chunk_tokens=30, reading_chunk_s=0.1)
+    window = fake_window(app, engine)
+    try:
+        send_and_finish(app, window, "Summarise this report: " + "lorem ipsum dolor sit amet " * 40)  # measures the speed
+        report = "Summarise this report: " + "the quarterly figures rose again in every region " * 620
+        window.pane.input.setPlainText(report)
+        window.pane.send_button.click()
+        wait_until(app, window.pane.long_read_notice.isVisible, 5)
+        save(window, "long-message-estimate.png")
+        engine.reading_chunks = 40
+        window.pane.send_button.click()
+        wait_until(app, lambda: "left" in window.speed_panel.caption.text() and "30%" in window.speed_panel.caption.text(), 20)
+        save(window, "long-message-reading-time-left.png")
+        wait_until(app, lambda: not window.client.generating, 60)
+    finally:
+        window.close()
+
+
 SETS = {"tour": tour, "long-chat": long_chat, "recovery": recovery, "rough-edges": rough_edges, "sprinter": sprinter,
-        "everyday": everyday, "compile": compile_in_background, "found-models": found_models}
+        "everyday": everyday, "compile": compile_in_background, "found-models": found_models,
+        "long-message": long_message}
 
 
 if __name__ == "__main__":
