@@ -19,11 +19,38 @@ from engine.config import CHAT_DEFAULT_TEMPERATURE, ConfigError, DecodeSettings
 from engine.paths import config_dir
 
 SETTINGS_FILE = "app-settings.json"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 THEMES = ("system", "light", "dark")
+DEFAULT_SERVER_PORT = 8080  # `tandem serve`'s own default
+
+
+@dataclass
+class LocalServerSettings:
+    """Settings → Local server: `tandem serve` for the active pair, on 127.0.0.1 (app/local_server.py)."""
+
+    enabled: bool = False
+    port: int = DEFAULT_SERVER_PORT
+    api_key: str = ""  # empty: no key asked for
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "port": self.port, "api_key": self.api_key}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> LocalServerSettings:
+        data = data if isinstance(data, dict) else {}
+        port = data.get("port")
+        port = port if isinstance(port, int) and 1 <= port <= 65535 else DEFAULT_SERVER_PORT
+        api_key = data.get("api_key")
+        return cls(enabled=data.get("enabled") is True, port=port, api_key=api_key if isinstance(api_key, str) else "")
+
+
+def _add_local_server(data: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 adds the local server, off: a file from before it never asked for one."""
+    return {**data, "local_server": LocalServerSettings().to_dict()}
+
 
 # MIGRATIONS[n] turns a version-n dict into a version-(n + 1) dict.
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _add_local_server}
 
 
 @dataclass
@@ -44,6 +71,7 @@ class AppSettings:
     # View → Theme: "system" follows the desktop; "light" and "dark" choose for it. A file
     # without it (written before the menu existed) reads as "system": no migration needed.
     theme: str = "system"
+    local_server: LocalServerSettings = field(default_factory=LocalServerSettings)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +82,7 @@ class AppSettings:
             "show_provenance": self.show_provenance,
             "verifier_mode": self.verifier_mode,
             "theme": self.theme,
+            "local_server": self.local_server.to_dict(),
         }
 
     @classmethod
@@ -82,6 +111,7 @@ class AppSettings:
             show_provenance=bool(data.get("show_provenance", defaults.show_provenance)),
             verifier_mode=verifier_mode,
             theme=theme if theme in THEMES else defaults.theme,
+            local_server=LocalServerSettings.from_dict(data.get("local_server")),
         )
 
 

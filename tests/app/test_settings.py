@@ -6,7 +6,7 @@ import json
 import pytest
 
 from app import settings as settings_module
-from app.settings import SCHEMA_VERSION, AppSettings, load_settings, save_settings, settings_path
+from app.settings import SCHEMA_VERSION, AppSettings, LocalServerSettings, load_settings, save_settings, settings_path
 from engine.config import CHAT_DEFAULT_TEMPERATURE
 
 
@@ -25,14 +25,16 @@ def test_settings_round_trip_with_their_schema_version():
 
 
 def test_an_older_file_is_migrated_step_by_step(monkeypatch):
-    # A future schema change registers MIGRATIONS[n]; here one that renamed a key.
-    monkeypatch.setattr(settings_module, "SCHEMA_VERSION", 2)
+    # A future schema change registers MIGRATIONS[n]; here one that renamed a key, after
+    # version 2 added the local server.
+    monkeypatch.setattr(settings_module, "SCHEMA_VERSION", 3)
     monkeypatch.setitem(
-        settings_module.MIGRATIONS, 1, lambda data: {**data, "active_pair": data.pop("pair_name")}
+        settings_module.MIGRATIONS, 2, lambda data: {**data, "active_pair": data.pop("pair_name")}
     )
     settings_path().write_text(json.dumps({"schema_version": 1, "pair_name": "old"}))
     settings, warning = load_settings()
     assert settings.active_pair == "old" and warning is None
+    assert settings.local_server == LocalServerSettings()
 
 
 def test_an_unreadable_file_is_kept_aside_and_defaults_are_used():
@@ -101,3 +103,25 @@ def test_the_theme_is_kept_and_a_file_without_one_or_with_an_unknown_one_follows
     assert load_settings()[0].theme == "system"
     settings_path().write_text(json.dumps({"schema_version": 1, "theme": "solarized"}))
     assert load_settings()[0].theme == "system"
+
+
+def test_the_local_server_settings_round_trip():
+    settings = AppSettings()
+    assert settings.local_server == LocalServerSettings(enabled=False, port=8080, api_key="")  # off by default
+    settings.local_server = LocalServerSettings(enabled=True, port=8123, api_key="s3cret")
+    save_settings(settings)
+    assert json.loads(settings_path().read_text())["local_server"] == {"enabled": True, "port": 8123, "api_key": "s3cret"}
+    assert load_settings()[0].local_server == settings.local_server
+
+
+def test_a_version_1_file_gains_the_local_server_switched_off():
+    settings_path().write_text(json.dumps({"schema_version": 1, "active_pair": "mine", "theme": "dark"}))
+    settings, warning = load_settings()
+    assert warning is None and (settings.active_pair, settings.theme) == ("mine", "dark")
+    assert settings.local_server == LocalServerSettings()
+    assert settings_module.migrate({"schema_version": 1})["local_server"] == {"enabled": False, "port": 8080, "api_key": ""}
+
+
+def test_a_local_server_port_out_of_range_falls_back_to_8080():
+    settings_path().write_text(json.dumps({"schema_version": 2, "local_server": {"enabled": True, "port": 70000}}))
+    assert load_settings()[0].local_server == LocalServerSettings(enabled=True)
