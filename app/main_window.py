@@ -3,6 +3,7 @@ on the right; a toolbar to switch pair, method and verifier (Exact | SPRINTER); 
 in the status bar."""
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -45,6 +46,7 @@ from .engine_api import EngineApi, LocalEngine
 from .error_text import error_text
 from .figures import calibration_step, sprinter_quality
 from .load_steps import LoadSteps
+from .local_server import LocalServer, ServerSpec, ServerState
 from .message_widget import is_dark
 from .provenance import DARK_COLOURS, LEGEND, LEGEND_TIPS, LIGHT_COLOURS
 from .settings import AppSettings, load_settings, save_settings
@@ -55,6 +57,7 @@ from .verifier_switch import SPRINTER, VerifierSwitch, sprinter_refusal
 from .worker import EngineClient, PairInfo
 
 LAYOUT_FILE = "window.ini"
+SERVER_PAIR_FILE = "local-server-pair.json"  # the pair the local server is given when it is no saved one
 STATUS_MESSAGE_MS = 8000  # how long "Exported … to …" stays in the status bar
 EXPORT_FILTERS = {export.MARKDOWN: "Markdown (*.md)", export.JSON: "JSON (*.json)"}
 PAIR_NAME_CHARS = 40  # the pair switch widens to fit names up to about this many characters
@@ -127,6 +130,7 @@ class MainWindow(QMainWindow):
         self._failed_pairs: dict[str, tuple[PairConfig, str]] = {}  # name: (config that failed, why)
 
         self.client = EngineClient(engine or LocalEngine(), self)
+        self.local_server = LocalServer(self)
         self.conversations = ConversationList(self.store)
         self.pane = ChatPane()
         self.splitter = QSplitter()
@@ -266,6 +270,11 @@ class MainWindow(QMainWindow):
         self.legend = ProvenanceLegend(is_dark())
         self.legend.setVisible(self.settings.show_provenance)
         bar.addPermanentWidget(self.legend)
+        self.server_label = QLabel()
+        self.server_label.setObjectName("localServerStatus")
+        self.server_label.setVisible(False)
+        self.server_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)  # the URL, to copy
+        bar.addPermanentWidget(self.server_label)
 
     def _connect(self) -> None:
         self.conversations.selected.connect(self.controller.open_conversation)
@@ -295,6 +304,7 @@ class MainWindow(QMainWindow):
         self.greedy_action.triggered.connect(self.set_greedy)  # triggered: by the user only
         self.verifier_switch.chosen.connect(self.set_verifier_mode)
         self.settings_action.triggered.connect(self.open_settings)
+        self.local_server.changed.connect(self._show_local_server)
 
     # Layout, kept by QSettings (window geometry only; everything else is in the settings file)
 
@@ -389,6 +399,7 @@ class MainWindow(QMainWindow):
         self.speed_panel.set_heads(info.heads_card)
         if self.settings_dialog is not None:
             self.settings_dialog.mark_active(info.config.name)
+        self._run_local_server()
 
     @Slot(object)
     def _on_runtime_changed(self, description: dict) -> None:
@@ -651,6 +662,34 @@ class MainWindow(QMainWindow):
             self, "Export failed", f"{error} Choose another place to export to. Your chats are unchanged."
         )
 
+    # The local server (Settings → Local server)
+
+    def _run_local_server(self) -> None:
+        """Serve the loaded pair as the settings ask; a newly loaded pair restarts the server.
+        Until a pair has loaded it waits, so that two loads do not share the processor."""
+        server = self.settings.local_server
+        pair = self.client.pair.config if self.client.pair else None
+        if not server.enabled or pair is None:
+            self.local_server.run(None)
+            return
+        self.local_server.run(ServerSpec(self._server_pair_argument(pair), server.port, server.api_key))
+
+    def _server_pair_argument(self, pair: PairConfig) -> str:
+        """`tandem serve --pair`: the saved pair's name, or a file with the pair's JSON where the
+        loaded pair is no saved one (or differs from the saved one of its name)."""
+        if self.pair_named(pair.name) == pair:
+            return pair.name
+        path = config_dir() / SERVER_PAIR_FILE
+        path.write_text(json.dumps(pair.to_dict(), indent=2), encoding="utf-8")
+        return str(path)
+
+    @Slot()
+    def _show_local_server(self) -> None:
+        server = self.local_server
+        self.server_label.setText(server.text())
+        self.server_label.setVisible(server.state is not ServerState.OFF)
+        self.server_label.setToolTip(server.output() or "tandem serve: nothing written yet")
+
     # Settings dialog
 
     @Slot()
@@ -679,6 +718,10 @@ class MainWindow(QMainWindow):
         self.settings.models = list(changed.models)
         self.set_decoding(changed.decoding)
         self.set_show_provenance(changed.show_provenance)
+        if changed.local_server != self.settings.local_server:
+            self.settings.local_server = changed.local_server
+            save_settings(self.settings)
+        self._run_local_server()
 
     @Slot()
     def _on_pairs_changed(self) -> None:
@@ -699,6 +742,7 @@ class MainWindow(QMainWindow):
             self._closed = True
             self._save_layout()
             self.controller.save_for_close()
+            self.local_server.shutdown()
             self.client.shutdown()
             self.store.close()
         super().closeEvent(event)

@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QListWidget,
     QListWidgetItem,
     QPushButton,
@@ -31,7 +32,7 @@ from engine.pairs import builtin_pairs, save_user_pairs
 from .error_text import error_text
 from .heads_panel import HeadsPanel
 from .pair_picker import PairPicker, model_label
-from .settings import AppSettings
+from .settings import AppSettings, LocalServerSettings
 from .worker import EngineClient
 
 NAME_ROLE = Qt.ItemDataRole.UserRole
@@ -174,6 +175,53 @@ class DecodingForm(QWidget):
         self.note.setText(" ".join(notes))
 
 
+class LocalServerForm(QWidget):
+    """The local server switch: `tandem serve` for the active pair, started by the app
+    (app/local_server.py); its state is in the main window's status bar."""
+
+    def __init__(self, settings: LocalServerSettings):
+        super().__init__()
+        layout = QVBoxLayout(self)
+        self.enabled = QCheckBox("Local server (OpenAI-compatible API)")
+        self.enabled.setChecked(settings.enabled)
+        layout.addWidget(self.enabled)
+        help_text = QLabel(
+            "Serves the active pair to other programs on this machine (editors, notebooks, chat front-ends) at "
+            "http://127.0.0.1:PORT/v1, as `tandem serve` does, and follows the pair you switch to. "
+            "The server is a separate process: it loads its own copy of the pair, so the pair's memory is "
+            "needed twice, and it shares the processor with the app, so a reply written in both at once is "
+            "slower in each. It only listens on 127.0.0.1: other machines cannot reach it."
+        )
+        help_text.setObjectName("formNote")
+        help_text.setWordWrap(True)
+        layout.addWidget(help_text)
+        form = QFormLayout()
+        self.port = QSpinBox()
+        self.port.setRange(1024, 65535)
+        self.port.setValue(settings.port)
+        self.port.setToolTip("The port on 127.0.0.1 it listens on (tandem serve's default is 8080)")
+        self.api_key = QLineEdit(settings.api_key)
+        self.api_key.setPlaceholderText("none: any program on this machine may use it")
+        self.api_key.setEchoMode(QLineEdit.EchoMode.PasswordEchoOnEdit)
+        self.api_key.setToolTip(
+            "Optional: programs must then send 'Authorization: Bearer KEY' (the api_key of an OpenAI client). "
+            "It is kept in the settings file as written."
+        )
+        form.addRow("Port", self.port)
+        form.addRow("API key", self.api_key)
+        layout.addLayout(form)
+        layout.addStretch()
+        self.enabled.toggled.connect(self._update_enabled)
+        self._update_enabled()
+
+    def settings(self) -> LocalServerSettings:
+        return LocalServerSettings(enabled=self.enabled.isChecked(), port=self.port.value(), api_key=self.api_key.text().strip())
+
+    def _update_enabled(self) -> None:
+        for knob in (self.port, self.api_key):
+            knob.setEnabled(self.enabled.isChecked())
+
+
 class SettingsDialog(QDialog):
     applied = Signal(object)  # AppSettings
     pair_requested = Signal(object)  # PairConfig to load now
@@ -182,7 +230,7 @@ class SettingsDialog(QDialog):
     def __init__(self, settings: AppSettings, pairs: list[PairConfig], client: EngineClient, parent: QWidget | None = None):
         super().__init__(parent)
         self.setWindowTitle("Tandem settings")
-        self.settings = replace(settings, models=list(settings.models))
+        self.settings = replace(settings, models=list(settings.models), local_server=replace(settings.local_server))
         self.client = client
         self.builtin_names = {pair.name for pair in builtin_pairs()}
         self.pairs = list(pairs)
@@ -212,6 +260,8 @@ class SettingsDialog(QDialog):
         decoding_layout.addWidget(self.show_provenance)
         decoding_layout.addStretch()
         self.tabs.addTab(decoding_tab, "Decoding")
+        self.server_form = LocalServerForm(settings.local_server)
+        self.tabs.addTab(self.server_form, "Local server")
 
         self.error = QLabel()
         self.error.setObjectName("formError")
@@ -349,6 +399,7 @@ class SettingsDialog(QDialog):
             self.error.setText(error_text(error))
             return False
         self.settings.show_provenance = self.show_provenance.isChecked()
+        self.settings.local_server = self.server_form.settings()
         self.error.clear()
         self.applied.emit(self.settings)
         return True
