@@ -64,9 +64,12 @@ def serve_arguments(spec: ServerSpec) -> list[str]:
     return ["serve", "--pair", spec.pair, "--host", LOOPBACK, "--port", str(spec.port)]
 
 
-def reason_from_output(lines: list[str], exit_code: int) -> str:
+def reason_from_output(lines: list[str], exit_code: int, port: int) -> str:
     """Why the child ended, from what it wrote last: its last error line (uvicorn's "ERROR:"
-    lines, `tandem: …`, a traceback's last line), else its last line, else its exit code."""
+    lines, `tandem: …`, a traceback's last line), else its last line, else its exit code.
+    The commonest, a taken port, is said in words (uvicorn's line is in the tooltip)."""
+    if any("address already in use" in line.lower() for line in lines):
+        return f"port {port} is in use by another program"
     for line in reversed(lines):
         text = line.strip()
         if text.startswith("ERROR:"):
@@ -205,7 +208,7 @@ class LocalServer(QObject):
         expected = self._stopping
         self._forget(process)
         if not expected:
-            self._set_state(ServerState.STOPPED, reason_from_output(list(self._output), exit_code))
+            self._set_state(ServerState.STOPPED, reason_from_output(list(self._output), exit_code, self.spec.port))
         elif self.wanted is not None:
             self._start(self.wanted)
         else:

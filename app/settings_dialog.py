@@ -187,7 +187,7 @@ class LocalServerForm(QWidget):
         layout.addWidget(self.enabled)
         help_text = QLabel(
             "Serves the active pair to other programs on this machine (editors, notebooks, chat front-ends) at "
-            "http://127.0.0.1:PORT/v1, as `tandem serve` does, and follows the pair you switch to. "
+            "http://127.0.0.1:PORT/v1, as “tandem serve” does, and follows the pair you switch to. "
             "The server is a separate process: it loads its own copy of the pair, so the pair's memory is "
             "needed twice, and it shares the processor with the app, so a reply written in both at once is "
             "slower in each. It only listens on 127.0.0.1: other machines cannot reach it."
@@ -199,6 +199,7 @@ class LocalServerForm(QWidget):
         self.port = QSpinBox()
         self.port.setRange(1024, 65535)
         self.port.setValue(settings.port)
+        self.port.setMaximumWidth(120)
         self.port.setToolTip("The port on 127.0.0.1 it listens on (tandem serve's default is 8080)")
         self.api_key = QLineEdit(settings.api_key)
         self.api_key.setPlaceholderText("none: any program on this machine may use it")

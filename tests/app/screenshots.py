@@ -16,7 +16,8 @@ compiled, and the pair picker's compile setting), `found-models` (issue 48, over
 engine: the pair picker listing models found in fake LM Studio, Ollama, Hugging Face, GPT4All
 and Jan folders, and a found target's drafts, EAGLE-3 head and methods), `long-message` (issue
 45, over the fake engine: a long message's reading time said before it is sent, and the time
-left while it is read).
+left while it is read), `local-server` (issue 48, over the fake engine and a stand-in server:
+Settings → Local server switched on, and the status bar serving, then stopped on a taken port).
 
 Runs in a private TANDEM_HOME (converted weights are shared with the user cache) on the
 offscreen platform unless a display is set. The pair picker lists the converted demo folder,
@@ -548,9 +549,46 @@ def long_message(app: QApplication, home: Path) -> None:
         window.close()
 
 
+def local_server_shots(app: QApplication, home: Path) -> None:
+    """Issue 48, over the fake engine, with tests/app/fake_server.py standing in for `tandem serve`
+    (it answers /health on 127.0.0.1 as the real one does, without a model)."""
+    import socket
+
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    from app import local_server
+    from app.local_server import ServerState
+    from tests.app.fake_engine import FakeEngine
+
+    local_server.serve_command_prefix = lambda: [sys.executable, str(Path(__file__).with_name("fake_server.py"))]
+    window = fake_window(app, FakeEngine())
+    try:
+        dialog = window.open_settings()
+        form = dialog.server_form
+        dialog.tabs.setCurrentWidget(form)
+        form.enabled.setChecked(True)
+        form.api_key.setText("s3cret")
+        wait_until(app, dialog.isVisible, 5)
+        save(dialog, "settings-local-server.png")
+        dialog.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.Ok).click()
+        wait_until(app, lambda: window.local_server.state is ServerState.SERVING, 15)
+        save(window.statusBar(), "status-bar-local-server-serving.png")
+        save(window, "local-server-serving.png")
+        with socket.socket() as taken:  # another program on the port
+            taken.bind(("127.0.0.1", 8181))
+            taken.listen()
+            dialog = window.open_settings()
+            dialog.server_form.port.setValue(8181)
+            dialog.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.Ok).click()
+            wait_until(app, lambda: window.local_server.state is ServerState.STOPPED, 15)
+        save(window.statusBar(), "status-bar-local-server-stopped.png")
+    finally:
+        window.close()
+
+
 SETS = {"tour": tour, "long-chat": long_chat, "recovery": recovery, "rough-edges": rough_edges, "sprinter": sprinter,
         "everyday": everyday, "compile": compile_in_background, "found-models": found_models,
-        "long-message": long_message}
+        "long-message": long_message, "local-server": local_server_shots}
 
 
 if __name__ == "__main__":

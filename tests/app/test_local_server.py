@@ -15,7 +15,7 @@ from PySide6.QtWidgets import QDialogButtonBox
 
 from app import local_server
 from app.local_server import ServerState, reason_from_output
-from app.settings import load_settings
+from app.settings import LocalServerSettings, load_settings
 from engine.config import ModelSpec, PairConfig
 from engine.pairs import all_pairs, save_user_pairs
 
@@ -85,6 +85,18 @@ def test_the_api_key_reaches_the_server_but_not_its_command_line(ready_window, q
     wait_serving(qtbot, window, port)
     assert health(port)["api_key"] == "s3cret"
     assert "s3cret" not in " ".join(window.local_server.process.arguments())  # `ps` shows those
+    assert load_settings()[0].local_server == LocalServerSettings(enabled=True, port=port, api_key="s3cret")
+    form = window.open_settings().server_form  # a new dialog shows what was saved
+    assert (form.enabled.isChecked(), form.port.value(), form.api_key.text()) == (True, port, "s3cret")
+    window.settings_dialog.reject()
+
+
+def test_the_switch_is_off_by_default_and_its_port_and_key_wait_for_it(ready_window):
+    form = ready_window().open_settings().server_form
+    assert not form.enabled.isChecked() and form.port.value() == 8080 and form.api_key.text() == ""
+    assert not form.port.isEnabled() and not form.api_key.isEnabled()
+    form.enabled.setChecked(True)
+    assert form.port.isEnabled() and form.api_key.isEnabled()
 
 
 def test_a_server_that_cannot_take_its_port_says_why_it_stopped(ready_window, qtbot, port):
@@ -95,7 +107,8 @@ def test_a_server_that_cannot_take_its_port_says_why_it_stopped(ready_window, qt
         set_server(window, True, port)
         qtbot.waitUntil(lambda: window.local_server.state is ServerState.STOPPED, timeout=WAIT_MS)
     text = window.server_label.text()
-    assert text.startswith("Local server: stopped — ") and "address already in use" in text
+    assert text == f"Local server: stopped — port {port} is in use by another program"
+    assert "address already in use" in window.server_label.toolTip()  # what the server said
     assert window.local_server.process is None
 
 
@@ -149,7 +162,8 @@ def test_a_pair_that_is_no_saved_one_is_given_as_a_json_file(ready_window, qtbot
 
 
 def test_the_reason_is_the_last_error_line():
-    lines = ["INFO:     Started server process [1]", "ERROR:    [Errno 98] address already in use", "INFO:     Finished"]
-    assert reason_from_output(lines, 1) == "[Errno 98] address already in use"
-    assert reason_from_output(["tandem: unknown pair 'x'"], 2) == "tandem: unknown pair 'x'"
-    assert reason_from_output([], 3) == "it exited with code 3"
+    lines = ["INFO:     Started server process [1]", "ERROR:    Traceback's last words", "INFO:     Finished"]
+    assert reason_from_output(lines, 1, 8080) == "Traceback's last words"
+    assert reason_from_output(["tandem: unknown pair 'x'", "  "], 2, 8080) == "tandem: unknown pair 'x'"
+    assert reason_from_output(["killed by the user"], 3, 8080) == "killed by the user"
+    assert reason_from_output([], 3, 8080) == "it exited with code 3"
