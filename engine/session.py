@@ -150,7 +150,7 @@ class LoadedPair:
         return {
             "name": self.config.name,
             "target": self.target.label,
-            "draft": self.draft.label if self.draft else self.config.draft_label,
+            "draft": self.draft.label if self.draft else self.config.draft_model_label,  # the head has its own key below
             "eagle": Path(self.config.eagle).name if self.eagle_runner is not None and self.config.eagle else None,
             "device": str(self.target.device),
             "runtime": self.runtime_label,

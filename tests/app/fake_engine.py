@@ -178,7 +178,7 @@ class FakePair:
         return compiling | {
             "name": self.config.name,
             "target": self.config.target.source,
-            "draft": self.config.draft_label,
+            "draft": self.config.draft_model_label,
             "eagle": Path(self.config.eagle).name if self.config.eagle else None,
             "device": "cpu",
             "precision": "bf16",

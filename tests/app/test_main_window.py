@@ -26,7 +26,8 @@ def test_first_start_loads_the_demo_pair_with_visible_progress(make_window, qtbo
     qtbot.waitUntil(lambda: window.client.pair is not None, timeout=5000)
     assert not window.load_progress.isVisible()
     assert window.load_label.text().startswith("Ready")
-    assert "EAGLE-3 head smollm2-135m-eagle3" in window.load_label.text()  # the demo's head, named
+    assert window.load_label.text().count("EAGLE-3 head") == 1  # the demo's head, named once
+    assert "EAGLE-3 head smollm2-135m-eagle3" in window.load_label.text()
     assert window.pane.send_button.isEnabled()
     assert window.windowTitle() == "Tandem — demo"
 
