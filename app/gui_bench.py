@@ -21,7 +21,6 @@ import os
 import platform
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -167,11 +166,11 @@ def _reset_caches(pair: Any) -> None:
         pair.reset_caches()
 
 
-def _run_headless(pair: Any, prompt: str, index: int, settings: DecodeSettings, on_thread_of: Any = None) -> RunFigures:
-    """The engine alone, on the app's engine thread (`on_thread_of`, its worker object) when
-    given, else on a thread of its own; the window's thread meanwhile only waits. Not on a
-    fresh thread beside the app's engine thread: each thread keeps its own OpenMP threads, and
-    two teams on two cores made the headless replies run at a third of their speed."""
+def _run_headless(pair: Any, prompt: str, index: int, settings: DecodeSettings, on_thread_of: Any) -> RunFigures:
+    """The engine alone, on the app's engine thread (`on_thread_of`, its worker object); the
+    window's thread meanwhile only waits. Not on a fresh thread: each thread keeps its own
+    OpenMP threads, and two teams on two cores made the headless replies run at a third of
+    their speed."""
     outcome: dict[str, Any] = {}
 
     def generate() -> None:
@@ -185,15 +184,10 @@ def _run_headless(pair: Any, prompt: str, index: int, settings: DecodeSettings, 
         except Exception as error:  # re-raised on the calling thread
             outcome["error"] = error
 
-    if on_thread_of is None:
-        runner = threading.Thread(target=generate, name="gui-bench-headless")
-        runner.start()
-        runner.join()
-    else:
-        from PySide6.QtCore import QTimer
+    from PySide6.QtCore import QTimer
 
-        QTimer.singleShot(0, on_thread_of, generate)  # runs on the thread that object lives in
-        _wait_until(lambda: "seconds" in outcome or "error" in outcome, f"the engine's reply to prompt {index + 1}")
+    QTimer.singleShot(0, on_thread_of, generate)  # runs on the thread that object lives in
+    _wait_until(lambda: "seconds" in outcome or "error" in outcome, f"the engine's reply to prompt {index + 1}")
     if "error" in outcome:
         raise outcome["error"]
     return RunFigures(index, len(outcome["finished"].token_ids), outcome["seconds"])

@@ -41,10 +41,9 @@ def _attend_each_token(
     for token in range(count):
         if last[token] - first[token] + 1 == seen_count[token]:  # a chain: one run of rows, read in place
             rows = slice(first[token], last[token] + 1)
-            token_keys, token_values = keys[:, :, rows], values[:, :, rows]
         else:  # a tree's token: its ancestors' rows, gathered in slot order
             rows = seen[token].nonzero().flatten()
-            token_keys, token_values = keys[:, :, rows], values[:, :, rows]
+        token_keys, token_values = keys[:, :, rows], values[:, :, rows]
         token_query = query[:, :, token].reshape(1, kv_heads, groups, dim)  # the token's query heads, by key/value head
         out[:, :, token] = _one_token(token_query, token_keys, token_values, scale, cap).reshape(1, heads, dim)
     return out
