@@ -84,7 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--limit", type=int, help="use only the first N prompts")
     bench.add_argument(
         "--methods", default="ar,chain",
-        help=f"comma-separated methods ({', '.join(methods.NAMES + tuple(methods.BENCH_PEERS))}), or all = every one the pair "
+        help=f"comma-separated methods ({', '.join(methods.NAMES + tuple(methods.BENCH_PEERS))}), "
+        "or all = every one the pair "
         "offers (adaptive and sprinter need calibrated draft heads; sprinter is approximate); default = the method "
         "the app and tandem chat use for the pair (default: ar,chain). "
         "After the timed runs every output is scored: the target's NLL per token at temperature 1 (nll, lower "
@@ -108,6 +109,12 @@ def _parser() -> argparse.ArgumentParser:
         "(unconditional and non-increasing, as llama.cpp's --spec-synth-rates) instead of by the target's agreement; "
         "drafters and the target run and pay their real cost; the replies are NOT valid text",
     )
+    bench.add_argument(
+        "--llama-server", type=Path, metavar="PATH",
+        help="llama.cpp's own llama-server program, for the llama-server rows (default: $LLAMA_SERVER, or one on PATH): "
+        "its plain decoding, ngram-mod and draft-model speculation on the target's GGUF with the same prompts",
+    )
+    bench.add_argument("--llama-server-draft", type=Path, metavar="GGUF", help="the draft GGUF of the llama-server-draft row")
     bench.set_defaults(run=_run_bench)
 
     serve = commands.add_parser(
@@ -324,8 +331,10 @@ def _profiled(top: int):
 
 def _run_bench(args: argparse.Namespace) -> int:
     from .prompts import CHAT_PROMPTS, read_prompts
+    from .tools import llama_server
     from .tools.bench import (
-        ALL_METHODS, DEFAULT_ALIAS, Bench, available_methods, format_table, machine_description, parse_methods, resolve_default,
+        ALL_METHODS, DEFAULT_ALIAS, Bench, ServerPeer, available_methods, format_table, machine_description, parse_methods,
+        resolve_default,
     )
     from .tools.costs import CostTable, measure_costs
 
@@ -336,6 +345,9 @@ def _run_bench(args: argparse.Namespace) -> int:
     if args.limit:
         prompts = prompts[: args.limit]
     cost_table = CostTable.load(args.cost_table) if args.cost_table else None  # a bad file fails before the load
+    if args.llama_server_draft is not None and not args.llama_server_draft.is_file():
+        raise ConfigError(f"no draft GGUF at {args.llama_server_draft}")
+    server = ServerPeer(llama_server.find_binary(args.llama_server), args.llama_server_draft)
     pair = _load(_pair_from_args(args))
     if pair.has_background_work:
         # The bench times the runtime a user has once the compile is done, not the compile.
@@ -343,13 +355,13 @@ def _run_bench(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         pair.wait_for_background_work()
         print(f"  runtime: {pair.runtime_label} (waited {time.perf_counter() - started:.0f} s)", file=sys.stderr)
-    chosen = available_methods(pair) if args.methods.strip() == "all" else resolve_default(chosen, pair)
+    chosen = available_methods(pair, server) if args.methods.strip() == "all" else resolve_default(chosen, pair)
     if args.record_costs:
         print("  measuring what a call costs on this machine…", file=sys.stderr)
         recorded = measure_costs(pair, machine_description(pair).get("gpu") or machine_description(pair)["processor"])
         args.record_costs.write_text(json.dumps(recorded.to_dict(), indent=2) + "\n", encoding="utf-8")
         print(f"cost table written to {args.record_costs}", file=sys.stderr)
-    bench = Bench(pair, settings, cost_table)
+    bench = Bench(pair, settings, cost_table, server)
     with _profiled(args.profile):
         report = bench.run(prompts, chosen, progress=lambda line: print(line, file=sys.stderr))
     print(format_table(report))
@@ -374,7 +386,10 @@ def _run_soak(args: argparse.Namespace) -> int:
     # The soak drives the app's worker thread and chat store, so it needs Qt: loaded only here,
     # as for the desktop app.
     app_soak = importlib.import_module("app.soak")
-    return app_soak.command(_pair_from_args(args), args.replies, args.max_new_tokens, args.warmup, args.json_out)
+    return app_soak.command(
+        _pair_from_args(args), args.replies, args.max_new_tokens, args.warmup, args.json_out,
+        args.score_replies, args.reference_replies, args.auto_every,
+    )
 
 
 def _run_gui_bench(args: argparse.Namespace) -> int:

@@ -307,4 +307,8 @@ BENCH_PEERS = {
     "hf-assisted": "transformers' own assisted generation on the pair's weights (torch runtime)",
     "llamacpp-ar": "llama-cpp-python's own generation of the target's GGUF file",
     "llamacpp-ar-same": "llama-cpp-python's own generation of the file Tandem's llama.cpp runtime runs, where that is another (by default the target's Q8_0 copy)",
+    # llama.cpp's own C++ server (what LM Studio and Ollama run), where the program is found
+    "llama-server": "llama.cpp's own llama-server: plain decoding of the target's GGUF file",
+    "llama-server-ngram": "llama.cpp's own llama-server: draftless speculative decoding (--spec-type ngram-mod)",
+    "llama-server-draft": "llama.cpp's own llama-server: speculative decoding with a draft GGUF (-md), at --synthetic-acceptance's rates where given",
 }

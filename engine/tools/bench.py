@@ -30,6 +30,7 @@ from ..runtime.peers import AssistedGeneration, LlamaCppGeneration
 from ..session import LoadedPair, method_refusal
 from ..stats import GenerationStats
 from .costs import CostTable, drafter_of
+from . import llama_server
 
 ENGINE_METHODS = methods.NAMES
 # Peers: transformers' assisted generation on the same weights, and llama.cpp's plain
@@ -78,7 +79,8 @@ class MethodResult:
             "speedup_vs_ar": None,
             "acceptance_rate": accepted / proposed if proposed else None,
             "mean_accepted_per_target_call": tokens_from_calls / target_calls if with_stats and target_calls else None,
-            "target_calls_per_token": target_calls / tokens_from_calls if with_stats and tokens_from_calls else None,
+            # (a llama-server row reports no target calls: unknown, not none)
+            "target_calls_per_token": target_calls / tokens_from_calls if target_calls and tokens_from_calls else None,
             "draft_calls_per_target_call": draft_calls / target_calls if with_stats and target_calls else None,
             "draft_stage_acceptance": stage_accepted / stage_proposed if stage_proposed else None,
             "tree_nodes_per_target_call": tree_nodes / target_calls if tree_nodes and target_calls else None,
@@ -140,8 +142,9 @@ def _acceptance_by_position(stats: list[GenerationStats]) -> list[float]:
 DEFAULT_ALIAS = "default"
 
 
-def available_methods(pair: LoadedPair) -> list[str]:
-    """Every method this pair can run here: its own, and the peers whose libraries are installed."""
+def available_methods(pair: LoadedPair, server: ServerPeer | None = None) -> list[str]:
+    """Every method this pair can run here: its own, and the peers whose libraries or
+    programs are installed."""
     peers = []
     if AssistedGeneration.can_run(pair.target, pair.draft):
         peers.append("hf-assisted")
@@ -150,6 +153,8 @@ def available_methods(pair: LoadedPair) -> list[str]:
         given, runs = _target_gguf(pair), pair.target.gguf_file
         if runs is not None and (given is None or runs.resolve() != given.resolve()):
             peers.append("llamacpp-ar-same")  # only where Tandem runs another file than the one given
+    if server is not None:
+        peers += llama_server.offered(server.binary, _target_gguf(pair), server.draft_gguf)
     return [m for m in ENGINE_METHODS if m in pair.methods] + peers
 
 
@@ -172,11 +177,22 @@ def parse_methods(text: str, available: tuple[str, ...]) -> list[str]:
     return names
 
 
+@dataclass(frozen=True)
+class ServerPeer:
+    """Where llama.cpp's own llama-server is, and the draft GGUF its speculative row drafts with."""
+
+    binary: Path | None
+    draft_gguf: Path | None = None
+
+
 class Bench:
-    def __init__(self, pair: LoadedPair, settings: DecodeSettings, cost_table: CostTable | None = None):
+    def __init__(self, pair: LoadedPair, settings: DecodeSettings, cost_table: CostTable | None = None,
+                 server: ServerPeer | None = None):
         self.pair = pair
         self.settings = settings
         self.cost_table = cost_table  # another device's costs, to predict each method's speed there
+        self.server = server or ServerPeer(llama_server.find_binary())
+        self._servers: list[llama_server.LlamaServer] = []  # the llama-server rows' processes, closed after the runs
 
     def run(self, prompts: list[str], methods: list[str], progress: Callable[[str], None] = print) -> dict:
         results = self.replies(prompts, methods, progress)
@@ -200,6 +216,14 @@ class Bench:
         unsupported = [m for m in methods if m in ENGINE_METHODS and m not in self.pair.methods]
         if unsupported:
             raise ConfigError(f"{method_refusal(self.pair, unsupported[0])} It offers {', '.join(self.pair.methods)}.")
+        try:
+            return self._timed_replies(prompts, methods, progress)
+        finally:
+            for server in self._servers:
+                server.close()
+            self._servers.clear()
+
+    def _timed_replies(self, prompts: list[str], methods: list[str], progress: Callable[[str], None]) -> dict[str, MethodResult]:
         runners = {method: self._runner(method) for method in methods}
         progress("warming up…")
         for method in methods:
@@ -231,6 +255,8 @@ class Bench:
     def _runner(self, method: str) -> Callable[..., tuple[tuple[int, ...], float, GenerationStats | None]]:
         if method in ENGINE_METHODS:
             return lambda prompt, max_new_tokens: self._run_engine(method, prompt, max_new_tokens)
+        if method in llama_server.METHODS:
+            return self._server_runner(method)
         pair, settings = self.pair, self.settings
         if method in ("llamacpp-ar", "llamacpp-ar-same"):
             gguf = _target_gguf(pair) if method == "llamacpp-ar" else pair.target.gguf_file
@@ -248,6 +274,24 @@ class Bench:
             started = time.perf_counter()
             token_ids = peer(prompt, prompt_ids, max_new_tokens)
             return token_ids, time.perf_counter() - started, None
+
+        return run
+
+    def _server_runner(self, method: str) -> Callable[..., tuple[tuple[int, ...], float, GenerationStats | None]]:
+        pair, binary, target_gguf = self.pair, self.server.binary, _target_gguf(self.pair)
+        if binary is None:
+            raise ConfigError(f"{method} needs llama.cpp's llama-server: give --llama-server PATH or set ${llama_server.ENVIRONMENT_VARIABLE}")
+        if target_gguf is None:
+            raise ConfigError(f"{method} needs a target that runs from a .gguf file (the demo target does)")
+        arguments = llama_server.server_arguments(method, target_gguf, self.server.draft_gguf, pair.context_length,
+                                                  torch.get_num_threads(), self.settings)
+        server = llama_server.LlamaServer(binary, arguments)
+        self._servers.append(server)
+
+        def run(prompt: str, max_new_tokens: int):
+            prompt_ids = build_prompt(pair.tokenizer, [Message("user", prompt)], None, pair.context_length).token_ids
+            reply = server.complete(method, prompt_ids, max_new_tokens, self.settings)
+            return reply.token_ids, reply.seconds, reply.stats
 
         return run
 
