@@ -80,7 +80,12 @@ def _parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="measure decoding methods on one pair")
     _add_pair_arguments(bench)
     _add_decoding_arguments(bench, default_max_new_tokens=128)
-    bench.add_argument("--prompts", type=Path, help="JSON Lines file with a \"prompt\" key per line (default: shipped set)")
+    bench.add_argument(
+        "--prompts", type=Path,
+        help="JSON Lines file with a \"prompt\" key per line (and a \"kind\" to report by), or a shipped set: chat "
+        "(the default) or task-kinds (chat, translation, summarization, qa, math, code: four prompts each)",
+    )
+    bench.add_argument("--kind", help="only the prompts of these kinds (comma-separated), e.g. summarization,qa")
     bench.add_argument("--limit", type=int, help="use only the first N prompts")
     bench.add_argument(
         "--methods", default="ar,chain",
@@ -330,7 +335,7 @@ def _profiled(top: int):
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from .prompts import CHAT_PROMPTS, read_prompts
+    from .prompts import prompts_file, read_prompts_and_kinds
     from .tools import llama_server
     from .tools.bench import (
         ALL_METHODS, DEFAULT_ALIAS, Bench, ServerPeer, available_methods, format_table, machine_description, parse_methods,
@@ -341,9 +346,16 @@ def _run_bench(args: argparse.Namespace) -> int:
     settings = _settings_from_args(args, methods.NAMES)  # the bench sets the method of each run itself
     settings = settings.with_changes(synthetic_acceptance=args.synthetic_acceptance)
     chosen = parse_methods(args.methods, ALL_METHODS + (DEFAULT_ALIAS,))
-    prompts = read_prompts(args.prompts or CHAT_PROMPTS)
+    entries = read_prompts_and_kinds(prompts_file(args.prompts))
+    if args.kind:
+        wanted = {kind.strip() for kind in args.kind.split(",") if kind.strip()}
+        known = {kind for _, kind in entries}
+        if not wanted <= known:
+            raise ConfigError(f"no prompts of kind {sorted(wanted - known)[0]!r}; the file has {', '.join(sorted(known - {''})) or 'no kinds'}")
+        entries = [(prompt, kind) for prompt, kind in entries if kind in wanted]
     if args.limit:
-        prompts = prompts[: args.limit]
+        entries = entries[: args.limit]
+    prompts, kinds = [prompt for prompt, _ in entries], [kind for _, kind in entries]
     cost_table = CostTable.load(args.cost_table) if args.cost_table else None  # a bad file fails before the load
     if args.llama_server_draft is not None and not args.llama_server_draft.is_file():
         raise ConfigError(f"no draft GGUF at {args.llama_server_draft}")
@@ -363,7 +375,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         print(f"cost table written to {args.record_costs}", file=sys.stderr)
     bench = Bench(pair, settings, cost_table, server)
     with _profiled(args.profile):
-        report = bench.run(prompts, chosen, progress=lambda line: print(line, file=sys.stderr))
+        report = bench.run(prompts, chosen, progress=lambda line: print(line, file=sys.stderr), kinds=kinds)
     print(format_table(report))
     if args.json_out:
         args.json_out.write_text(json.dumps(report, indent=2), encoding="utf-8")
@@ -394,10 +406,10 @@ def _run_soak(args: argparse.Namespace) -> int:
 
 def _run_gui_bench(args: argparse.Namespace) -> int:
     # The window needs Qt: loaded only here, as for the desktop app and the soak.
-    from .prompts import CHAT_PROMPTS, read_prompts
+    from .prompts import prompts_file, read_prompts
 
     app_gui_bench = importlib.import_module("app.gui_bench")
-    prompts = read_prompts(args.prompts or CHAT_PROMPTS)[: args.limit or None]
+    prompts = read_prompts(prompts_file(args.prompts))[: args.limit or None]
     names = [name.strip() for name in args.methods.split(",") if name.strip()]
     unknown = [name for name in names if name not in methods.NAMES + (app_gui_bench.DEFAULT_ALIAS,)]
     if unknown or not names:

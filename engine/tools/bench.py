@@ -124,6 +124,22 @@ class MethodResult:
         return summary
 
 
+def by_kind(results: dict[str, MethodResult], methods: list[str], kinds: list[str]) -> dict[str, dict[str, dict]]:
+    """Per kind of task, per method: tok/s over that kind's prompts, and against ar's on the
+    same prompts in this run."""
+    report: dict[str, dict[str, dict]] = {}
+    for kind in dict.fromkeys(kinds):
+        speeds = {}
+        for method in methods:
+            runs = [run for run in results[method].runs if kinds[run.prompt_index] == kind]
+            seconds = sum(run.seconds for run in runs)
+            speeds[method] = sum(len(run.token_ids) for run in runs) / seconds if seconds > 0 else 0.0
+        plain = speeds.get("ar")
+        report[kind] = {method: {"tokens_per_s": speed, "speedup_vs_ar": speed / plain if plain else None}
+                        for method, speed in speeds.items()}
+    return report
+
+
 def _acceptance_by_position(stats: list[GenerationStats]) -> list[float]:
     """Of the rounds that drafted at least d tokens deep, the share that kept d of them."""
     proposed: list[int] = []
@@ -194,7 +210,9 @@ class Bench:
         self.server = server or ServerPeer(llama_server.find_binary())
         self._servers: list[llama_server.LlamaServer] = []  # the llama-server rows' processes, closed after the runs
 
-    def run(self, prompts: list[str], methods: list[str], progress: Callable[[str], None] = print) -> dict:
+    def run(self, prompts: list[str], methods: list[str], progress: Callable[[str], None] = print,
+            kinds: list[str] | None = None) -> dict:
+        """Every method on every prompt; `kinds`: each prompt's kind of task, to report by."""
         results = self.replies(prompts, methods, progress)
         if not self.settings.synthetic_acceptance:  # synthetic replies are not text worth scoring
             progress("scoring every output with the target…")
@@ -209,6 +227,7 @@ class Bench:
             "cost_table": self.cost_table.to_dict() if self.cost_table else None,
             "tree_shapes": {method: learnt_shapes[method].describe() for method in methods if method in learnt_shapes},
             "synthetic_acceptance": list(self.settings.synthetic_acceptance) or None,
+            "by_kind": by_kind(results, methods, kinds) if kinds and any(kinds) else None,
         }
 
     def replies(self, prompts: list[str], methods: list[str], progress: Callable[[str], None] = print) -> dict[str, MethodResult]:
@@ -412,12 +431,29 @@ def format_table(report: dict) -> str:
     if rates:
         lines.append(f"SYNTHETIC ACCEPTANCE at rates [{', '.join(f'{rate:g}' for rate in rates)}] by depth: drafters and the "
                      "target ran and paid their real cost, drafts were kept at random; the replies are not valid text")
+    lines += _kind_table(report.get("by_kind"))
     if table:
         lines.append(f"pred: the replies above re-timed with the cost table of {table['device']} ({table['source']}); "
                      "Python's time per round is not in it")
     lines.append("")
     lines.append(LEGEND)
     return "\n".join(lines)
+
+
+def _kind_table(kinds: dict[str, dict[str, dict]] | None) -> list[str]:
+    """tok/s by kind of task, and against ar's where the run had ar."""
+    if not kinds:
+        return []
+    methods = list(next(iter(kinds.values())))
+    width = max(len(kind) for kind in kinds) + 1
+    lines = ["", "by kind of task: tok/s (vs ar)", " " * width + "".join(f"{method:>20}" for method in methods)]
+    for kind, speeds in kinds.items():
+        cells = []
+        for method in methods:
+            ratio = speeds[method]["speedup_vs_ar"]
+            cells.append(f"{speeds[method]['tokens_per_s']:.1f}" + (f" ({ratio:.2f}x)" if ratio is not None else ""))
+        lines.append(f"{kind:<{width}}" + "".join(f"{cell:>20}" for cell in cells))
+    return lines
 
 
 def _approximate_note(row: dict) -> str:
