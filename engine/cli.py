@@ -158,6 +158,19 @@ def _parser() -> argparse.ArgumentParser:
         "--warmup", type=int, default=20,
         help="replies after which resident memory must stay within 5%% of its warm-up peak (default: 20)",
     )
+    soak.add_argument(
+        "--score-replies", action="store_true",
+        help="score every reply by its target's NLL per token and check the caches after it; fail on a reply of "
+        "another method above plain decoding's worst (garbage) or a cache that differs from a fresh forward",
+    )
+    soak.add_argument(
+        "--reference-replies", type=int, default=0,
+        help="plain-decoding replies to run after the others, as the garbage check's reference (default: 0)",
+    )
+    soak.add_argument(
+        "--auto-every", type=int, default=0,
+        help="make every Nth reply `auto`, the others rotating over the rest (default: 0, all rotate)",
+    )
     soak.add_argument("--json", type=Path, dest="json_out", help="write the figures here")
     soak.set_defaults(run=_run_soak)
 
