@@ -16,7 +16,12 @@ Then the checks:
 - chats: the chats file, opened again from disk, holds every reply as it ended (a stopped
   one with its partial text) after its question;
 - stops: replies asked to stop did stop early, and no other did;
-- replies: every planned reply ran, and none failed.
+- replies: every planned reply ran, and none failed;
+- garbage (with `score_replies`): every reply scored by its target's NLL per token, none of
+  another method above plain decoding's worst, and the decoding caches, checked after every
+  reply, equal to a fresh forward (app/soak_scoring.py). `reference_replies` plain-decoding
+  replies run after the others, so the reference does not rest on a few; `auto_every` makes
+  every so many replies `auto`, whose explorations switch methods within a reply.
 """
 from __future__ import annotations
 
@@ -45,6 +50,7 @@ from .chat_view import ChatPane
 from .engine_api import EngineApi, LocalEngine
 from .error_text import error_text
 from .settings import AppSettings
+from .soak_scoring import REFERENCE_METHOD, SCORE_KEY, ScoredReply, ScoringEngine, distribution, judge, verdict_lines
 from .storage import COMPLETE, DATABASE_FILE, FAILED, STOPPED, ChatStore, StoredMessage
 from .worker import EngineClient, PairInfo
 
@@ -59,6 +65,10 @@ class SoakPlan:
     conversation_length: int = 4  # replies per conversation before a new one starts
     memory_tolerance: float = 0.05  # how far above its warm-up peak resident memory may rise
     step_timeout_s: float = 600.0  # a reply or a load that takes longer ends the soak as failed
+    score_replies: bool = False  # judge every reply by its target's NLL per token (app/soak_scoring.py)
+    reference_replies: int = 0  # plain-decoding replies run after the others, the garbage check's reference
+    auto_every: int = 0  # every so many replies is `auto`, the others rotate over the rest (0: all rotate)
+    temperature: float | None = None  # None: the app's
 
     def __post_init__(self) -> None:
         if self.replies < 2:
@@ -69,6 +79,24 @@ class SoakPlan:
             raise ConfigError("max_new_tokens must be at least 1")
         if min(self.pair_every, self.stop_every, self.conversation_length) < 1:
             raise ConfigError("pair_every, stop_every and conversation_length must be at least 1")
+        if self.reference_replies < 0 or self.auto_every < 0:
+            raise ConfigError("reference_replies and auto_every cannot be negative")
+
+    @property
+    def total(self) -> int:
+        """The replies the soak sends: the planned ones, then the reference ones."""
+        return self.replies + self.reference_replies
+
+    def method(self, index: int, offered: tuple[str, ...]) -> str:
+        """The method reply `index` decodes with, of the pair's `offered` ones."""
+        if index >= self.replies:
+            return REFERENCE_METHOD
+        if self.auto_every and "auto" in offered:
+            if index % self.auto_every == 0:
+                return "auto"
+            others = tuple(name for name in offered if name != "auto")
+            return others[(index - index // self.auto_every - 1) % len(others)]
+        return offered[index % len(offered)]
 
     def stops(self, index: int) -> bool:
         return index % self.stop_every == self.stop_every - 1
@@ -97,6 +125,8 @@ class ReplyRecord:
     seconds: float = 0.0
     rss_mb: float = 0.0  # the process's resident memory right after the reply
     os_threads: int = 0  # the process's threads right after the reply (native ones included)
+    score: dict | None = None  # engine.reply_score.ReplyScore.to_dict(), with `score_replies`
+    rounds_by_method: dict[str, int] = dataclasses.field(default_factory=dict)  # `auto`'s rounds, by the method that ran each
 
     @property
     def saved_status(self) -> str:
@@ -177,13 +207,53 @@ class SoakReport:
             + (f"; {len(unasked)} stopped unasked" if unasked else ""),
         )
         failed = [reply for reply in replies if reply.stop_reason == "error"]
-        ran = f"{len(replies)} of {plan.replies} ran"
+        ran = f"{len(replies)} of {plan.total} ran"
         replies_check = Check(
-            "replies", len(replies) == plan.replies and not failed and self.failure is None,
+            "replies", len(replies) == plan.total and not failed and self.failure is None,
             ran + (f"; {len(failed)} failed, first: {failed[0].error}" if failed else "; none failed")
             + (f"; the soak ended early: {self.failure}" if self.failure else ""),
         )
-        return [memory_check, threads_check, chats_check, stops_check, replies_check]
+        checks = [memory_check, threads_check, chats_check, stops_check, replies_check]
+        if plan.score_replies:
+            passed, detail, _above = verdict_lines(judge(self.scored()))
+            checks.append(Check("garbage", passed, detail))
+        return checks
+
+    def scored(self) -> list[ScoredReply]:
+        return [ScoredReply(reply.index, reply.method, reply.prompt, reply.text, reply.score) for reply in self.replies]
+
+    def garbage(self) -> dict | None:
+        """The garbage check's figures: NLL per token by method, and the replies above the limit."""
+        if not self.plan.score_replies:
+            return None
+        verdict = judge(self.scored())
+        by_method: dict[str, list[float]] = {}
+        for reply in self.scored():
+            if reply.score is not None and reply.score["nll_per_token"] is not None:
+                by_method.setdefault(reply.method, []).append(reply.score["nll_per_token"])
+        return {
+            "reference_worst": verdict.reference_worst, "reference_judged": verdict.reference_judged,
+            "others_worst": verdict.others_worst, "others_judged": verdict.others_judged,
+            "above": [
+                {"index": reply.index, "method": reply.method, "prompt": reply.prompt, "text": reply.text, "score": reply.score}
+                for reply in verdict.above
+            ],
+            "cache_gap_worst": verdict.cache_gap_worst, "cache_failures": verdict.cache_failures,
+            "nll_per_token_by_method": {name: distribution(values) for name, values in by_method.items()},
+            "auto": self.auto_rounds(),
+        }
+
+    def auto_rounds(self) -> dict:
+        """What `auto`'s replies ran: its rounds by method, and how many replies switched within."""
+        auto = [reply for reply in self.replies if reply.method == "auto"]
+        rounds: dict[str, int] = {}
+        for reply in auto:
+            for name, count in reply.rounds_by_method.items():
+                rounds[name] = rounds.get(name, 0) + count
+        return {
+            "replies": len(auto), "rounds_by_method": rounds,
+            "replies_running_several_methods": sum(len(reply.rounds_by_method) > 1 for reply in auto),
+        }
 
     @property
     def passed(self) -> bool:
@@ -213,6 +283,7 @@ class SoakReport:
             "unsaved": self.unsaved,
             "failure": self.failure,
             "seconds": self.seconds,
+            "garbage": self.garbage(),
             "replies": [reply.to_dict() for reply in self.replies],
         }
 
@@ -241,6 +312,8 @@ class SoakDriver(QObject):
         self.replies: list[ReplyRecord] = []
         self.failure: str | None = None
         self._settings = AppSettings().decoding.with_changes(max_new_tokens=plan.max_new_tokens)
+        if plan.temperature is not None:
+            self._settings = self._settings.with_changes(temperature=plan.temperature)
         # Made before the driver connects to the client: its slots run first, so a reply is
         # saved before the driver samples memory and sends the next.
         self.controller = ChatController(store, client, pane, self.decode_settings)
@@ -267,7 +340,7 @@ class SoakDriver(QObject):
         if self.failure is not None:
             return
         index = len(self.replies)
-        if index == self.plan.replies:
+        if index == self.plan.total:
             self._watchdog.stop()
             self.loop.quit()
             return
@@ -288,7 +361,7 @@ class SoakDriver(QObject):
 
     def _send(self, index: int, pair: PairInfo) -> None:
         offered = pair.methods
-        method = offered[index % len(offered)]
+        method = self.plan.method(index, offered)
         verifier = VERIFIERS[(index // len(offered)) % len(VERIFIERS)]
         self._settings = self._settings.with_changes(method=method, verifier=verifier)
         if index % self.plan.conversation_length == 0:
@@ -334,6 +407,8 @@ class SoakDriver(QObject):
     def _on_finished(self, request_id: int, event: Finished, _description: dict) -> None:
         reply = self._reply_for(request_id)
         if reply is not None:
+            reply.score = event.extra.get(SCORE_KEY)
+            reply.rounds_by_method = dict(event.stats.rounds_by_method)
             self._end(reply, event.text, event.stop_reason, len(event.token_ids))
 
     @Slot(int, object)
@@ -351,9 +426,10 @@ class SoakDriver(QObject):
         reply.os_threads = self._process.num_threads()
         self.replies.append(reply)
         self._current = None
+        nll = reply.score["nll_per_token"] if reply.score else None
         self.progress(
-            f"reply {reply.index + 1}/{self.plan.replies} {reply.pair} {reply.method:>10}: {reply.tokens:3d} tokens, "
-            f"{reply.stop_reason:<7} {reply.rss_mb:6.0f} MB"
+            f"reply {reply.index + 1}/{self.plan.total} {reply.pair} {reply.method:>10}: {reply.tokens:3d} tokens, "
+            f"{reply.stop_reason:<7} {reply.rss_mb:6.0f} MB" + (f", NLL/token {nll:.2f}" if nll is not None else "")
         )
         QTimer.singleShot(0, self.next)  # after the other slots of this signal, the controller's included
 
@@ -376,6 +452,8 @@ def run_soak(
     in a new file at `chats`, and check what it left behind."""
     if QApplication.instance() is None:
         QApplication(["tandem-soak"])
+    if plan.score_replies:
+        engine = ScoringEngine(engine)
     partner, pair_note = switch_partner(pair)
     started = time.perf_counter()
     threads_before = [thread for thread in threading.enumerate() if _running(thread)]
@@ -455,11 +533,19 @@ def format_report(report: SoakReport) -> str:
     ]
     for check in report.checks():
         lines.append(f"{check.name:<8} {'pass' if check.passed else 'FAIL':<6} {check.detail}")
+    if plan.score_replies:
+        lines += verdict_lines(judge(report.scored()))[2]
     methods: dict[str, int] = {}
     for reply in report.replies:
         methods[reply.method] = methods.get(reply.method, 0) + 1
     tokens = sum(reply.tokens for reply in report.replies)
     lines.append(f"methods: {', '.join(f'{name} {count}' for name, count in methods.items())}")
+    if plan.score_replies:
+        auto = report.auto_rounds()
+        lines.append(
+            f"auto's rounds: {', '.join(f'{name} {count}' for name, count in auto['rounds_by_method'].items()) or 'none'}; "
+            f"{auto['replies_running_several_methods']} of {auto['replies']} auto replies ran several methods"
+        )
     lines.append(f"{tokens} tokens in {report.seconds:.0f} s; process threads (native included) "
                  + " → ".join(str(reply.os_threads) for reply in _thread_samples(report)))
     lines.append("PASS" if report.passed else "FAIL")
@@ -474,11 +560,17 @@ def _thread_samples(report: SoakReport) -> list[ReplyRecord]:
     return [replies[min(report.plan.warmup, len(replies)) - 1], replies[-1]]
 
 
-def command(pair: PairConfig, replies: int, max_new_tokens: int, warmup: int, json_out: Path | None) -> int:
+def command(
+    pair: PairConfig, replies: int, max_new_tokens: int, warmup: int, json_out: Path | None,
+    score_replies: bool = False, reference_replies: int = 0, auto_every: int = 0,
+) -> int:
     """`tandem soak`: the soak on the real engine, with its chats in a temporary folder. Prints
     the table (progress to stderr), writes the figures to `json_out`; 0 when every check passed."""
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # no window is ever shown
-    plan = SoakPlan(replies=replies, max_new_tokens=max_new_tokens, warmup=warmup)
+    plan = SoakPlan(
+        replies=replies, max_new_tokens=max_new_tokens, warmup=warmup, score_replies=score_replies,
+        reference_replies=reference_replies, auto_every=auto_every,
+    )
     with tempfile.TemporaryDirectory(prefix="tandem-soak-") as folder:
         report = run_soak(
             LocalEngine(), pair, plan, Path(folder) / DATABASE_FILE, read_prompts(CHAT_PROMPTS),
