@@ -3,8 +3,19 @@
 Every candidate is an exact method's drafter (`ar` drafts nothing), so whichever runs a
 round, the reply is the target's own. Rounds are timed as they run: a running average of
 seconds per token per candidate, kept across replies and across starts (a small JSON file in
-the cache, per pair and machine). A candidate is tried until it has a few rounds behind it;
-after that the fastest runs, and every other candidate gets a round now and then, so a
+the cache, per pair and machine).
+
+With no record (the first start on a machine), plain decoding runs first, and each other
+candidate is tried for TRIAL_ROUNDS rounds as what that costs allows: a trial round runs only
+while the time trials have lost against the fastest tried so far (a round's time less what
+the fastest would have taken for its tokens; a trial that is faster earns time back), plus one
+more of the fastest's rounds, stays within TRIAL_SHARE of this process's decoding time. Where
+drafting does not pay (a 135M target on 2 cores), trials cost about TRIAL_SHARE; where it
+pays, the first trials of the faster method earn the others' at once. Trying every candidate
+first, whatever it cost, had `auto` write 0.69-0.92x plain decoding's speed on short runs of
+six kinds of task from a fresh start (docs/BENCHMARKS.md).
+
+Once tried, the fastest runs, and every other candidate gets a round now and then, so a
 machine that gets busier or a conversation that drafts better is noticed. Those exploring
 rounds are paced by time, not by count, and by how much slower each candidate measures: of
 the decoding time in this process, each of the n others gets LOSS_BUDGET / n / (its slowdown),
@@ -52,7 +63,10 @@ from .base import Drafter, Proposal, RoundOutcome
 from .speed_comparison import TimedRound, compare, recent_rounds
 
 PLAIN = "ar"
-TRIAL_ROUNDS = 6  # rounds each candidate runs before the fastest is trusted
+TRIAL_ROUNDS = 6  # rounds a candidate runs before its speed is trusted
+# Of this process's decoding time, the most that trials of untried candidates may lose against
+# the fastest tried one (the module's note)
+TRIAL_SHARE = 0.01
 RECHECK_ROUNDS = 4  # rounds the recorded fastest, runner-up and plain decoding run in each process first
 # Each of the n candidates that are not the fastest gets LOSS_BUDGET / n / (its slowdown) of
 # the decoding time, within EXPLORE_SHARE / n and MOST_SHARE: what exploring costs stays about
@@ -99,6 +113,9 @@ class SpeedRecord:
     # paces exploring. Here, not in the chooser, which each reply makes anew.
     decoding_here: float = field(default=0.0, repr=False, compare=False)
     explored_here: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
+    # What this process's trial rounds lost against the fastest tried candidate (not saved;
+    # negative where the trials were faster): what paces the trials.
+    trial_loss_here: float = field(default=0.0, repr=False, compare=False)
     # This process's newest counted rounds per candidate and when they ended (not saved): what
     # a "N× plain decoding" figure rests on (speed_comparison.py), not the averages above.
     recent: dict[str, deque[TimedRound]] = field(default_factory=dict, repr=False, compare=False)
@@ -199,6 +216,7 @@ class MethodChooser(Drafter):
         self._catching_up = False  # whether this round's drafter first read what it had missed
         self._counted = True  # whether the last round counted for its candidate's speed
         self._visit_rounds = 0  # rounds of the exploring visit under way
+        self._on_trial = False  # whether this round tries a candidate not yet tried
         self._previous: str | None = None  # the candidate of the reply's last round
 
     @property
@@ -242,6 +260,11 @@ class MethodChooser(Drafter):
 
     def _finish_round(self, seconds: float, tokens: int, counted: bool) -> None:
         """Account the round that `current` ran: its time, and its speed where it `counted`."""
+        if self._on_trial:
+            # against what the fastest tried would have taken for the same tokens; a round
+            # that caught up (not counted) is charged whole: it is what trying cost
+            rate = self.record.seconds_per_token.get(self._fastest_tried(), 0.0)
+            self.record.trial_loss_here += seconds - tokens * rate
         self.record.spent(seconds, self.current if self._exploring else None)
         if counted:
             self.record.add(self.current, seconds, tokens)
@@ -254,10 +277,12 @@ class MethodChooser(Drafter):
     def explain(self) -> str:
         """In plain words: what `auto` runs now, and why."""
         ranked = self.record.ranked(list(self.candidates))
-        best = ranked[0]
-        rates = self.record.seconds_per_token
-        if PLAIN not in rates or best not in rates or self.record.rounds.get(best, 0) < TRIAL_ROUNDS:
+        best = self._fastest_tried(ranked)
+        if best is None or self.record.rounds.get(PLAIN, 0) < TRIAL_ROUNDS:
             return "auto: still measuring which method is fastest here"
+        untried = self._untried(ranked)
+        if untried and best == PLAIN:
+            return f"auto: plain decoding, while it tries the other methods now and then ({len(untried)} to go)"
         if self._unchecked(ranked) is not None:
             return "auto: checking what an earlier start measured as fastest here"
         if best == PLAIN:
@@ -273,30 +298,53 @@ class MethodChooser(Drafter):
             self._visit_rounds += 1  # the visit's rounds so far only caught up: one more
             return self.current
         name, self._exploring = self._next_choice()
+        self._on_trial = self._exploring and self.record.rounds.get(name, 0) < TRIAL_ROUNDS
         self._visit_rounds = 1
         return name
 
     def _next_choice(self, may_explore: bool = True) -> tuple[str, bool]:
         """The candidate the next round runs, and whether that round explores."""
         ranked = self.record.ranked(list(self.candidates))
-        for name in ranked:
-            if self.record.rounds.get(name, 0) < TRIAL_ROUNDS:
-                return name, False
+        fastest = self._fastest_tried(ranked)
+        if fastest is None or self.record.rounds.get(PLAIN, 0) < TRIAL_ROUNDS:
+            return PLAIN, False  # the reference first: what every trial is weighed against
+        untried = self._untried(ranked)
+        if untried and may_explore and self._trial_affordable(fastest):
+            # the candidate on trial goes on while it may: its drafter has caught up
+            return (self.current if self.current in untried else untried[0]), True
         unchecked = self._unchecked(ranked)
         if unchecked is not None:
             return unchecked, False
         explorer = self._owed_a_round(ranked) if may_explore else None
         if explorer is not None:
             return explorer, True
-        return ranked[0], False
+        return fastest, False
+
+    def _untried(self, ranked: list[str]) -> list[str]:
+        return [name for name in ranked if self.record.rounds.get(name, 0) < TRIAL_ROUNDS]
+
+    def _fastest_tried(self, ranked: list[str] | None = None) -> str | None:
+        """The fastest candidate with TRIAL_ROUNDS rounds behind it (plain decoding ahead of
+        any that is not PLAIN_MARGIN faster), if any has them."""
+        ranked = self.record.ranked(list(self.candidates)) if ranked is None else ranked
+        return next((name for name in ranked if self.record.rounds.get(name, 0) >= TRIAL_ROUNDS), None)
+
+    def _trial_affordable(self, fastest: str) -> bool:
+        """Whether a trial round fits TRIAL_SHARE of this process's decoding time, with what
+        trials lost so far and, to be safe, one more of the fastest's rounds (the median of its
+        recent ones: one stalled round must not hold every trial off)."""
+        recent = sorted(timed.seconds for timed in self.record.recent.get(fastest, ()))
+        one_more = recent[len(recent) // 2] if recent else self.record.round_seconds.get(fastest, 0.0)
+        return self.record.trial_loss_here + one_more <= TRIAL_SHARE * self.record.decoding_here
 
     def _owed_a_round(self, ranked: list[str]) -> str | None:
-        """Of the candidates that are not the fastest, the one furthest below its share of this
-        process's decoding time (the module's note), if that share already pays for one more
-        of its rounds: so a process does not start by visiting every candidate."""
+        """Of the tried candidates that are not the fastest, the one furthest below its share
+        of this process's decoding time (the module's note), if that share already pays for one
+        more of its rounds: so a process does not start by visiting every candidate."""
         rates = self.record.seconds_per_token
-        others = [name for name in ranked[1:] if name in rates]
-        fastest = rates.get(ranked[0], 0.0)
+        tried = [name for name in ranked if self.record.rounds.get(name, 0) >= TRIAL_ROUNDS]
+        others = tried[1:]
+        fastest = rates.get(tried[0], 0.0) if tried else 0.0
         if not others or fastest <= 0:
             return None
         filled = {}
@@ -314,4 +362,5 @@ class MethodChooser(Drafter):
         decoding that has not yet run RECHECK_ROUNDS rounds in this process (None: all have).
         The others are re-checked as exploring comes due: their first round replaces what the
         record says of them."""
-        return next((name for name in (*ranked[:2], PLAIN) if self.record.fresh.get(name, 0) < RECHECK_ROUNDS), None)
+        tried = [name for name in ranked if self.record.rounds.get(name, 0) >= TRIAL_ROUNDS]
+        return next((name for name in (*tried[:2], PLAIN) if self.record.fresh.get(name, 0) < RECHECK_ROUNDS), None)
