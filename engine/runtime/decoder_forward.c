@@ -12,10 +12,12 @@
  *   floats as the torch forward's products for the same inputs;
  * - RMSNorm, the rotary embedding (its cos/sin read from a table the model's own rotary
  *   module filled), attention, SiLU and the residual adds in float32, as torch does them but
- *   summed in another order, and on AVX-512 with e^x from a vector polynomial within 1 ulp of
- *   libm's (the softmax and SiLU had been a tenth of an 8-token verify in scalar expf): logits
- *   agree with torch's to float32 rounding, not to the bit. Every one of these is elementwise
- *   or per token, so a token's logits are the same in a verify as in its step, to the bit.
+ *   summed in another order, and with e^x from a polynomial within 1 ulp of libm's (the
+ *   softmax and SiLU had been a tenth of an 8-token verify in scalar expf): logits agree with
+ *   torch's to float32 rounding, not to the bit. Every one of these is elementwise or per
+ *   token, so a token's logits are the same in a verify as in its step, to the bit.
+ * The attention and e^x are written once, over simd.h's helpers: 16 lanes in the AVX-512
+ * build, 8 in the AVX2 ones, 1 in the portable build (plain C).
  * Keys and values are written at the given cache rows first, then every token attends to the
  * rows it sees (`visible`), so a tree verifies as a chain does.
  * The per-token steps between two products (the residual add and norm, SiLU) run on the next
@@ -27,10 +29,12 @@
  */
 #include <math.h>
 #include <omp.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "simd.h"
 #include "tandem_abi.h"
 
 int tandem_int8_linear(const float *x, int64_t m, int64_t k, const int8_t *w, int64_t n, int64_t w_stride,
@@ -91,122 +95,11 @@ typedef struct {
     int64_t bound_stride;
 } Attention;
 
-#ifdef __AVX512F__
-#include <immintrin.h>
-
-/* Lane t: query . rows[t] over dim (a multiple of 16), rows `dim` floats apart. */
-static inline __m512 dot_16_rows(const float *query, const float *rows, int64_t dim) {
-    __m512 acc[16];
-    for (int t = 0; t < 16; t++) acc[t] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < dim; j += 16) {
-        __m512 x = _mm512_loadu_ps(query + j);
-        for (int t = 0; t < 16; t++) acc[t] = _mm512_fmadd_ps(x, _mm512_loadu_ps(rows + t * dim + j), acc[t]);
-    }
-    /* the int8 kernel's reduction tree (int8_matmul.c, sum_lanes_16), for floats */
-    __m512 pairs[8], quads[4];
-    for (int i = 0; i < 8; i++)
-        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * i], acc[2 * i + 1]), _mm512_unpackhi_ps(acc[2 * i], acc[2 * i + 1]));
-    for (int i = 0; i < 4; i++)
-        quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(pairs[2 * i]), _mm512_castps_pd(pairs[2 * i + 1]))),
-                                 _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(pairs[2 * i]), _mm512_castps_pd(pairs[2 * i + 1]))));
-    __m512 low = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x44), _mm512_shuffle_f32x4(quads[0], quads[1], 0xEE));
-    __m512 high = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x44), _mm512_shuffle_f32x4(quads[2], quads[3], 0xEE));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
-}
-#elif defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define TANDEM_AVX2 1 /* the AVX2 builds (int8_matmul_avx2.c's CPUs): the same loops on 8 lanes */
-
-/* Lane t: query . rows[t] over dim (a multiple of 8), rows `dim` floats apart; every lane
- * summed by the same tree of adds. */
-static inline __m256 dot_8_rows(const float *query, const float *rows, int64_t dim) {
-    __m256 acc[8];
-    for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < dim; j += 8) {
-        __m256 x = _mm256_loadu_ps(query + j);
-        for (int t = 0; t < 8; t++) acc[t] = _mm256_fmadd_ps(x, _mm256_loadu_ps(rows + t * dim + j), acc[t]);
-    }
-    __m256 pairs[4];
-    for (int i = 0; i < 4; i++) pairs[i] = _mm256_hadd_ps(acc[2 * i], acc[2 * i + 1]);
-    __m256 low = _mm256_hadd_ps(pairs[0], pairs[1]), high = _mm256_hadd_ps(pairs[2], pairs[3]);
-    /* low's 128-bit halves: rows 0-3's sums over lanes 0-3 and 4-7; high's, rows 4-7's */
-    return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
-}
-#endif
-
-#ifdef __AVX512F__
-/* e^x for 16 floats: Cephes' expf (2^n times a degree-7 polynomial of the remainder, within
- * ~1 ulp of libm's expf), e^-inf = 0, e^inf = inf, NaN stays NaN. Elementwise, so a token's
- * values never depend on the tokens beside it. */
-static inline __m512 exp_16(__m512 x) {
-    /* max(lo, x) and min(hi, x) keep a NaN x (the second operand is returned on NaN) */
-    __m512 clamped = _mm512_min_ps(_mm512_set1_ps(104.0f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(clamped, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), clamped);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500E-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    __m512 result = _mm512_scalef_ps(p, n);
-    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-104.0f), _CMP_LT_OQ), result, _mm512_setzero_ps());
-}
-#elif defined(TANDEM_AVX2)
-/* exp_16's e^x for 8 floats. AVX2 has no VSCALEFPS: 2^n is applied as two powers of two,
- * each a float's exponent bits, so a result below the normal range is rounded once, as
- * scalef rounds it. */
-static inline __m256 exp_8(__m256 x) {
-    __m256 clamped = _mm256_min_ps(_mm256_set1_ps(104.0f), _mm256_max_ps(_mm256_set1_ps(-104.0f), x));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(clamped, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), clamped);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500E-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i whole = _mm256_cvtps_epi32(n); /* |n| <= 151; a NaN's comes out as INT_MIN */
-    __m256i half = _mm256_srai_epi32(whole, 1), rest = _mm256_sub_epi32(whole, half); /* each within +-76 */
-    __m256 first = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
-    __m256 second = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(rest, _mm256_set1_epi32(127)), 23));
-    __m256 result = _mm256_mul_ps(_mm256_mul_ps(p, first), second); /* a NaN's p is NaN: so is this */
-    return _mm256_blendv_ps(result, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(-104.0f), _CMP_LT_OQ));
-}
-
-/* The lanes below `count` (0..8) as a mask for maskload/maskstore. */
-static inline __m256i first_lanes(int64_t count) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-#endif
-
 /* row[s] = e^(row[s] - top) */
 static void exp_shifted(float *row, int64_t count, float top) {
     int64_t s = 0;
-#ifdef __AVX512F__
-    for (; s + 16 <= count; s += 16)
-        _mm512_storeu_ps(row + s, exp_16(_mm512_sub_ps(_mm512_loadu_ps(row + s), _mm512_set1_ps(top))));
-    if (s < count) {
-        __mmask16 lanes = (__mmask16)((1u << (count - s)) - 1);
-        _mm512_mask_storeu_ps(row + s, lanes, exp_16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, row + s), _mm512_set1_ps(top))));
-        s = count;
-    }
-#elif defined(TANDEM_AVX2)
-    for (; s + 8 <= count; s += 8)
-        _mm256_storeu_ps(row + s, exp_8(_mm256_sub_ps(_mm256_loadu_ps(row + s), _mm256_set1_ps(top))));
-    if (s < count) {
-        __m256i lanes = first_lanes(count - s);
-        _mm256_maskstore_ps(row + s, lanes, exp_8(_mm256_sub_ps(_mm256_maskload_ps(row + s, lanes), _mm256_set1_ps(top))));
-        s = count;
-    }
-#endif
-    for (; s < count; s++) row[s] = expf(row[s] - top);
+    for (; s + LANES <= count; s += LANES) v_store(row + s, v_exp(v_sub(v_load(row + s), v_set(top))));
+    if (s < count) v_store_first(row + s, count - s, v_exp(v_sub(v_load_first(row + s, count - s), v_set(top))));
 }
 
 /* out = e^x for `count` floats: the forward's own exponential, for its tests. */
@@ -218,230 +111,155 @@ void tandem_exp(const float *x, int64_t count, float *out) {
 /* out[j] = silu(gate[j]) * up[j] */
 static void silu_times(const float *gate, const float *up, int64_t width, float *out) {
     int64_t j = 0;
-#ifdef __AVX512F__
-    for (; j + 16 <= width; j += 16) {
-        __m512 g = _mm512_loadu_ps(gate + j);
-        __m512 e = exp_16(_mm512_sub_ps(_mm512_setzero_ps(), g));
-        __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-        _mm512_storeu_ps(out + j, _mm512_mul_ps(silu, _mm512_loadu_ps(up + j)));
+    for (; j + LANES <= width; j += LANES) {
+        vec g = v_load(gate + j);
+        vec silu = v_div(g, v_add(v_set(1.0f), v_exp(v_sub(v_zero(), g))));
+        v_store(out + j, v_mul(silu, v_load(up + j)));
     }
-#elif defined(TANDEM_AVX2)
-    for (; j + 8 <= width; j += 8) {
-        __m256 g = _mm256_loadu_ps(gate + j);
-        __m256 e = exp_8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-        __m256 silu = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-        _mm256_storeu_ps(out + j, _mm256_mul_ps(silu, _mm256_loadu_ps(up + j)));
-    }
-#endif
-    for (; j < width; j++) out[j] = gate[j] / (1.0f + expf(-gate[j])) * up[j];
+    for (; j < width; j++) out[j] = gate[j] / (1.0f + expf(-gate[j])) * up[j]; /* a width no multiple of LANES */
 }
 
-#ifdef __AVX512F__
-/* Columns j0..j0+63 of the weighted value rows for `heads` (at most 4) query heads of one
- * token: their sums side by side in registers, so each value row is loaded once for all of
- * them and the heads' FMAs overlap (one head at a time waited on its own sums' latency). Each
- * head's sum runs over the rows in the same order whatever `heads` is. values: row s at
- * values + s * dim; weights[h][s]: head h's weight of row s. */
+/* Columns j0..j0 + VALUE_COLUMNS - 1 of the weighted value rows for `heads` (at most
+ * HEADS_AT_ONCE) query heads of one token: their sums side by side in registers, so each value
+ * row is loaded once for all of them and the heads' multiply-adds overlap (one head at a time
+ * waited on its own sums' latency). Each head's sum runs over the rows in the same order
+ * whatever `heads` is. values: row s at values + s * dim; weights[h][s]: head h's weight of
+ * row s. */
 static inline __attribute__((always_inline)) void weigh_values(const float *values, int64_t dim, const uint8_t *seen,
                                                                const float *const *weights, int heads, int64_t begin,
                                                                int64_t end, float *const *out) {
-    __m512 sum[4][4];
+    vec sum[HEADS_AT_ONCE][VALUE_VECTORS];
     for (int h = 0; h < heads; h++)
-        for (int c = 0; c < 4; c++) sum[h][c] = _mm512_setzero_ps();
+        for (int c = 0; c < VALUE_VECTORS; c++) sum[h][c] = v_zero();
     for (int64_t s = begin; s < end; s++) {
         if (!seen[s]) continue;
         const float *value = values + s * dim;
-        __m512 columns[4];
-        for (int c = 0; c < 4; c++) columns[c] = _mm512_loadu_ps(value + 16 * c);
+        vec columns[VALUE_VECTORS];
+        for (int c = 0; c < VALUE_VECTORS; c++) columns[c] = v_load(value + LANES * c);
         for (int h = 0; h < heads; h++) {
-            __m512 weight = _mm512_set1_ps(weights[h][s]);
-            for (int c = 0; c < 4; c++) sum[h][c] = _mm512_fmadd_ps(weight, columns[c], sum[h][c]);
+            vec weight = v_set(weights[h][s]);
+            for (int c = 0; c < VALUE_VECTORS; c++) sum[h][c] = v_fmadd(weight, columns[c], sum[h][c]);
         }
     }
     for (int h = 0; h < heads; h++)
-        for (int c = 0; c < 4; c++) _mm512_storeu_ps(out[h] + 16 * c, sum[h][c]);
+        for (int c = 0; c < VALUE_VECTORS; c++) v_store(out[h] + LANES * c, sum[h][c]);
 }
-#elif defined(TANDEM_AVX2)
-/* weigh_values on 8 lanes: columns j0..j0+31 for up to 2 heads (8 sums, the value row's 4
- * vectors and a weight: 13 of the 16 registers). */
-static inline __attribute__((always_inline)) void weigh_values_8(const float *values, int64_t dim, const uint8_t *seen,
-                                                                 const float *const *weights, int heads, int64_t begin,
-                                                                 int64_t end, float *const *out) {
-    __m256 sum[2][4];
-    for (int h = 0; h < heads; h++)
-        for (int c = 0; c < 4; c++) sum[h][c] = _mm256_setzero_ps();
-    for (int64_t s = begin; s < end; s++) {
-        if (!seen[s]) continue;
-        const float *value = values + s * dim;
-        __m256 columns[4];
-        for (int c = 0; c < 4; c++) columns[c] = _mm256_loadu_ps(value + 8 * c);
-        for (int h = 0; h < heads; h++) {
-            __m256 weight = _mm256_set1_ps(weights[h][s]);
-            for (int c = 0; c < 4; c++) sum[h][c] = _mm256_fmadd_ps(weight, columns[c], sum[h][c]);
-        }
-    }
-    for (int h = 0; h < heads; h++)
-        for (int c = 0; c < 4; c++) _mm256_storeu_ps(out[h] + 8 * c, sum[h][c]);
-}
-#endif
 
-/* The batch's tokens against their range r of key/value head g, which all lie in cache rows
- * begin..end-1: each (token, group head)'s scores, their exponentials (less the largest), the
- * largest, their sum and the weighted values, for merge_ranges. A row outside a token's own
- * range counts as one it does not see. */
-static void attend_range(const Attention *a, int64_t g, int64_t r, const float *keys, const float *values,
-                         int64_t begin, int64_t end, float *scores, float *largest, float *total, float *acc,
-                         float *padded) {
-    int64_t dim = a->d->head_dim, groups = a->groups, count = end - begin, queries = a->n * groups;
-#define RANGE_OF(i) int64_t lo = a->bounds[(i) * a->bound_stride + r], hi = a->bounds[(i) * a->bound_stride + r + 1]
-    for (int64_t q = 0; q < queries; q++) largest[q] = -INFINITY, total[q] = 0.0f;
-    for (int64_t j = 0; j < queries * dim; j++) acc[j] = 0.0f;
-    /* 1. Scores: each key row read once for every token and query head of the group. */
-    int64_t s = begin;
-#ifdef __AVX512F__
-    /* 16 key rows at a time, kept in L1 across the group's queries, and each query's 16 dot
-     * products summed by one reduction tree rather than 16 horizontal sums. */
-    /* A last block of fewer than 16 rows is copied into zeros: every score comes out of the same
-     * arithmetic, whichever block a row falls in, so a step's scores are a verify's. */
-    if (dim % 16 == 0)
-        for (; s < end; s += 16) {
-            const float *block = keys + (a->first_row + s) * dim;
-            if (end - s < 16) {
-                memset(padded, 0, sizeof(float) * 16 * dim);
-                memcpy(padded, block, sizeof(float) * (end - s) * dim);
-                block = padded;
-            }
-            for (int64_t i = 0; i < a->n; i++) {
-                RANGE_OF(i);
-                const uint8_t *seen = a->visible + i * a->visible_stride + s;
-                int64_t first = lo > s ? lo - s : 0, last = hi - s < 16 ? hi - s : 16; /* its range's lanes */
-                uint32_t mine = last > first ? ((1u << last) - 1) & ~((1u << first) - 1) : 0;
-                __mmask16 rows = end - s < 16 ? (__mmask16)((1u << (end - s)) - 1) : (__mmask16)0xFFFF;
-                __mmask16 lanes = _mm_mask_cmpneq_epi8_mask(rows & (__mmask16)mine, _mm_maskz_loadu_epi8(rows, seen),
-                                                            _mm_setzero_si128());
-                for (int64_t h = 0; h < groups; h++) {
-                    int64_t q = i * groups + h;
-                    const float *query = a->qkv + i * a->qkv_width + (g * groups + h) * dim;
-                    __m512 dots = _mm512_mul_ps(dot_16_rows(query, block, dim), _mm512_set1_ps(a->d->attention_scale));
-                    dots = _mm512_mask_blend_ps(lanes, _mm512_set1_ps(-INFINITY), dots);
-                    _mm512_mask_storeu_ps(scores + q * count + s - begin, rows, dots);
-                    float top = _mm512_reduce_max_ps(dots);
-                    if (top > largest[q]) largest[q] = top;
-                }
-            }
-        }
-#elif defined(TANDEM_AVX2)
-    /* The same on 8 rows at a time: every score out of dot_8_rows, a short last block padded */
-    if (dim % 8 == 0)
-        for (; s < end; s += 8) {
-            const float *block = keys + (a->first_row + s) * dim;
-            int64_t rows = end - s < 8 ? end - s : 8;
-            if (rows < 8) {
-                memset(padded, 0, sizeof(float) * 8 * dim);
-                memcpy(padded, block, sizeof(float) * rows * dim);
-                block = padded;
-            }
-            for (int64_t i = 0; i < a->n; i++) {
-                RANGE_OF(i);
-                const uint8_t *seen = a->visible + i * a->visible_stride + s;
-                int bits = 0; /* the rows this token sees in its range */
-                for (int64_t t = 0; t < rows; t++) bits |= (seen[t] && s + t >= lo && s + t < hi) << t;
-                __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-                __m256 lanes = _mm256_castsi256_ps(
-                    _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(bits), lane_bits), lane_bits));
-                for (int64_t h = 0; h < groups; h++) {
-                    int64_t q = i * groups + h;
-                    const float *query = a->qkv + i * a->qkv_width + (g * groups + h) * dim;
-                    __m256 dots = _mm256_mul_ps(dot_8_rows(query, block, dim), _mm256_set1_ps(a->d->attention_scale));
-                    dots = _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), dots, lanes);
-                    _mm256_maskstore_ps(scores + q * count + s - begin, first_lanes(rows), dots);
-                    float top[8];
-                    _mm256_storeu_ps(top, dots);
-                    for (int t = 0; t < 8; t++)
-                        if (top[t] > largest[q]) largest[q] = top[t];
-                }
-            }
-        }
+/* weigh_values with a constant count of heads in each call: their sums stay in registers. */
+static void weigh_heads(const float *values, int64_t dim, const uint8_t *seen, const float *const *weights, int heads,
+                        int64_t begin, int64_t end, float *const *out) {
+    switch (heads) {
+#if HEADS_AT_ONCE >= 4
+    case 4: weigh_values(values, dim, seen, weights, 4, begin, end, out); break;
+    case 3: weigh_values(values, dim, seen, weights, 3, begin, end, out); break;
 #endif
-    for (; s < end; s++) {
-        const float *key = keys + (a->first_row + s) * dim;
-        for (int64_t i = 0; i < a->n; i++) {
-            RANGE_OF(i);
-            int seen = a->visible[i * a->visible_stride + s] && s >= lo && s < hi;
-            for (int64_t h = 0; h < groups; h++) {
-                int64_t q = i * groups + h;
-                float score = -INFINITY;
-                if (seen) {
-                    const float *query = a->qkv + i * a->qkv_width + (g * groups + h) * dim;
-                    float dot = 0.0f;
+    case 2: weigh_values(values, dim, seen, weights, 2, begin, end, out); break;
+    default: weigh_values(values, dim, seen, weights, 1, begin, end, out); break;
+    }
+}
+
+/* The cache rows [first, past) that token i's range r may see (a task's rows hold the ranges
+ * r of all its tokens). */
+typedef struct {
+    int64_t first, past;
+} RowSpan;
+
+static inline RowSpan range_of(const Attention *a, int64_t i, int64_t r) {
+    const int64_t *bounds = a->bounds + i * a->bound_stride + r;
+    return (RowSpan){bounds[0], bounds[1]};
+}
+
+/* Whether token i sees row s of its range `span`: a row outside its own range counts as one
+ * it does not see. */
+static inline int sees(const Attention *a, int64_t i, RowSpan span, int64_t s) {
+    return a->visible[i * a->visible_stride + s] && s >= span.first && s < span.past;
+}
+
+static inline const float *query_of(const Attention *a, int64_t i, int64_t g, int64_t h) {
+    return a->qkv + i * a->qkv_width + (g * a->groups + h) * a->d->head_dim;
+}
+
+/* The scores of the LANES key rows from s (range r, rows begin..end-1) for every token and
+ * query head of group g, into scores (per query, count = end - begin of them) and the
+ * queries' largest: the block stays in L1 across the queries, and each query's LANES dot
+ * products come out of one reduction. A last block of fewer rows is copied into zeros at
+ * `padded`: every score comes out of the same arithmetic whichever block a row falls in, so
+ * a step's scores are a verify's. */
+static void score_block(const Attention *a, int64_t g, int64_t r, const float *keys, int64_t begin, int64_t end,
+                        int64_t s, float *scores, float *largest, float *padded) {
+    int64_t dim = a->d->head_dim, count = end - begin, rows = end - s < LANES ? end - s : LANES;
+    const float *block = keys + (a->first_row + s) * dim;
+    if (rows < LANES) {
+        memset(padded, 0, sizeof(float) * LANES * dim);
+        memcpy(padded, block, sizeof(float) * rows * dim);
+        block = padded;
+    }
+    for (int64_t i = 0; i < a->n; i++) {
+        RowSpan span = range_of(a, i, r);
+        uint32_t bits = 0; /* lane t: whether the token sees row s + t */
+        for (int64_t t = 0; t < rows; t++) bits |= (uint32_t)sees(a, i, span, s + t) << t;
+        lanes_mask seen = v_mask_of_bits(bits);
+        for (int64_t h = 0; h < a->groups; h++) {
+            int64_t q = i * a->groups + h;
+            vec dots = v_mul(v_dot_rows(query_of(a, i, g, h), block, dim), v_set(a->d->attention_scale));
+            dots = v_select(seen, dots, v_set(-INFINITY));
+            v_store_first(scores + q * count + s - begin, rows, dots);
+            float top = v_largest(dots);
+            if (top > largest[q]) largest[q] = top;
+        }
+    }
+}
+
+/* score_block for one row, for heads whose width is no multiple of LANES. */
+static void score_row(const Attention *a, int64_t g, int64_t r, const float *keys, int64_t begin, int64_t end, int64_t s,
+                      float *scores, float *largest) {
+    int64_t dim = a->d->head_dim, count = end - begin;
+    const float *key = keys + (a->first_row + s) * dim;
+    for (int64_t i = 0; i < a->n; i++) {
+        int seen = sees(a, i, range_of(a, i, r), s);
+        for (int64_t h = 0; h < a->groups; h++) {
+            int64_t q = i * a->groups + h;
+            float score = -INFINITY;
+            if (seen) {
+                const float *query = query_of(a, i, g, h);
+                float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-                    for (int64_t j = 0; j < dim; j++) dot += query[j] * key[j];
-                    score = dot * a->d->attention_scale;
-                    if (score > largest[q]) largest[q] = score;
-                }
-                scores[q * count + s - begin] = score;
+                for (int64_t j = 0; j < dim; j++) dot += query[j] * key[j];
+                score = dot * a->d->attention_scale;
+                if (score > largest[q]) largest[q] = score;
             }
+            scores[q * count + s - begin] = score;
         }
     }
-    /* 2. Their exponentials. */
-    for (int64_t q = 0; q < queries; q++) {
-        if (largest[q] == -INFINITY) continue; /* it sees nothing in this range */
-        exp_shifted(scores + q * count, count, largest[q]);
-    }
-    /* 3. The weighted values: up to 4 heads of a token at a time, 64 columns at a time (the
-     * range's value rows, 32 KB at 64 columns, stay in L1 for the token's heads). A head that
-     * sees nothing here keeps its zeros. */
-    int64_t j0 = 0;
-#ifdef __AVX512F__
-    for (; j0 + 64 <= dim; j0 += 64)
+}
+
+/* acc (per query, dim floats) += the range's value rows weighted by the queries' e^scores:
+ * up to HEADS_AT_ONCE heads of a token at a time, VALUE_COLUMNS columns at a time (the range's
+ * value rows, 32 KB at 64 columns, stay in L1 for the token's heads), then the columns past
+ * those one row at a time. A head that sees nothing here keeps its zeros. */
+static void weigh_range(const Attention *a, int64_t r, const float *values, int64_t begin, int64_t end,
+                        const float *scores, const float *largest, float *acc) {
+    int64_t dim = a->d->head_dim, groups = a->groups, count = end - begin, j0 = 0;
+    for (; j0 + VALUE_COLUMNS <= dim; j0 += VALUE_COLUMNS)
         for (int64_t i = 0; i < a->n; i++) {
-            RANGE_OF(i);
+            RowSpan span = range_of(a, i, r);
             const uint8_t *seen = a->visible + i * a->visible_stride;
-            for (int64_t h0 = 0; h0 < groups; h0 += 4) {
-                int heads = groups - h0 < 4 ? (int)(groups - h0) : 4;
-                const float *weights[4];
-                float *out[4], ignored[4][64];
+            for (int64_t h0 = 0; h0 < groups; h0 += HEADS_AT_ONCE) {
+                int heads = groups - h0 < HEADS_AT_ONCE ? (int)(groups - h0) : HEADS_AT_ONCE;
+                const float *weights[HEADS_AT_ONCE];
+                float *out[HEADS_AT_ONCE], ignored[HEADS_AT_ONCE][VALUE_COLUMNS];
                 for (int h = 0; h < heads; h++) {
                     int64_t q = i * groups + h0 + h;
                     weights[h] = scores + q * count - begin;
                     out[h] = largest[q] == -INFINITY ? ignored[h] : acc + q * dim + j0;
                 }
-                const float *columns = values + a->first_row * dim + j0;
-                switch (heads) { /* a constant count for each: the sums stay in registers */
-                case 4: weigh_values(columns, dim, seen, weights, 4, lo, hi, out); break;
-                case 3: weigh_values(columns, dim, seen, weights, 3, lo, hi, out); break;
-                case 2: weigh_values(columns, dim, seen, weights, 2, lo, hi, out); break;
-                default: weigh_values(columns, dim, seen, weights, 1, lo, hi, out); break;
-                }
+                weigh_heads(values + a->first_row * dim + j0, dim, seen, weights, heads, span.first, span.past, out);
             }
         }
-#elif defined(TANDEM_AVX2)
-    for (; j0 + 32 <= dim; j0 += 32)
-        for (int64_t i = 0; i < a->n; i++) {
-            RANGE_OF(i);
-            const uint8_t *seen = a->visible + i * a->visible_stride;
-            for (int64_t h0 = 0; h0 < groups; h0 += 2) {
-                int heads = groups - h0 < 2 ? (int)(groups - h0) : 2;
-                const float *weights[2];
-                float *out[2], ignored[2][32];
-                for (int h = 0; h < heads; h++) {
-                    int64_t q = i * groups + h0 + h;
-                    weights[h] = scores + q * count - begin;
-                    out[h] = largest[q] == -INFINITY ? ignored[h] : acc + q * dim + j0;
-                }
-                const float *columns = values + a->first_row * dim + j0;
-                if (heads == 2)
-                    weigh_values_8(columns, dim, seen, weights, 2, lo, hi, out);
-                else
-                    weigh_values_8(columns, dim, seen, weights, 1, lo, hi, out);
-            }
-        }
-#endif
-    for (int64_t s = begin; s < end && j0 < dim; s++) { /* the columns past the last 64 */
+    for (int64_t s = begin; s < end && j0 < dim; s++) {
         const float *value = values + (a->first_row + s) * dim;
         for (int64_t i = 0; i < a->n; i++) {
-            RANGE_OF(i);
-            if (!a->visible[i * a->visible_stride + s] || s < lo || s >= hi) continue;
+            if (!sees(a, i, range_of(a, i, r), s)) continue;
             for (int64_t h = 0; h < groups; h++) {
                 float *out = acc + (i * groups + h) * dim;
                 float weight = scores[(i * groups + h) * count + s - begin];
@@ -450,22 +268,47 @@ static void attend_range(const Attention *a, int64_t g, int64_t r, const float *
             }
         }
     }
-    /* and the weights' sums: for every query, so that a range whose seen scores are all NaN or
-     * -inf (a broken model) leaves a NaN for merge_ranges, as torch's softmax would. One row
-     * after another, as the values are summed: a sum in 16 lanes by slot depended on where a
-     * key sat, and a tree node that keep_slots moved (slot 47 to 45, say) then gave the next
-     * step other logits than a chain of steps would (a greedy reply of the demo pair left
-     * plain decoding's on a 0.002 near-tie, docs/BENCHMARKS.md). */
+}
+
+/* total[q]: the sum of query q's weights over the rows it sees in range r. For every query, so
+ * that a range whose seen scores are all NaN or -inf (a broken model) leaves a NaN for
+ * merge_ranges, as torch's softmax would. One row after another, as the values are summed: a
+ * sum in lanes by slot depended on where a key sat, and a tree node that keep_slots moved
+ * (slot 47 to 45, say) then gave the next step other logits than a chain of steps would (a
+ * greedy reply of the demo pair left plain decoding's on a 0.002 near-tie, docs/BENCHMARKS.md). */
+static void sum_weights(const Attention *a, int64_t r, const float *scores, int64_t begin, int64_t end, float *total) {
+    int64_t count = end - begin, queries = a->n * a->groups;
     for (int64_t q = 0; q < queries; q++) {
-        RANGE_OF(q / groups);
-        const uint8_t *seen = a->visible + (q / groups) * a->visible_stride;
+        RowSpan span = range_of(a, q / a->groups, r);
+        const uint8_t *seen = a->visible + (q / a->groups) * a->visible_stride;
         const float *weights = scores + q * count - begin;
         float sum = 0.0f; /* in a register: total[q] may alias what the loop reads */
-        for (int64_t s = lo; s < hi; s++)
+        for (int64_t s = span.first; s < span.past; s++)
             if (seen[s]) sum += weights[s];
         total[q] = sum;
     }
-#undef RANGE_OF
+}
+
+/* The batch's tokens against their range r of key/value head g, which all lie in cache rows
+ * begin..end-1: each (token, group head)'s scores, their exponentials (less the largest), the
+ * largest, their sum and the weighted values, for merge_ranges. */
+static void attend_range(const Attention *a, int64_t g, int64_t r, const float *keys, const float *values,
+                         int64_t begin, int64_t end, float *scores, float *largest, float *total, float *acc,
+                         float *padded) {
+    int64_t dim = a->d->head_dim, count = end - begin, queries = a->n * a->groups;
+    for (int64_t q = 0; q < queries; q++) largest[q] = -INFINITY;
+    for (int64_t j = 0; j < queries * dim; j++) acc[j] = 0.0f;
+    /* 1. Scores: each key row read once for every token and query head of the group. */
+    if (dim % LANES == 0)
+        for (int64_t s = begin; s < end; s += LANES) score_block(a, g, r, keys, begin, end, s, scores, largest, padded);
+    else
+        for (int64_t s = begin; s < end; s++) score_row(a, g, r, keys, begin, end, s, scores, largest);
+    /* 2. Their exponentials. */
+    for (int64_t q = 0; q < queries; q++)
+        if (largest[q] != -INFINITY) exp_shifted(scores + q * count, count, largest[q]); /* else it sees nothing here */
+    /* 3. The weighted values, and the weights' sums. */
+    weigh_range(a, r, values, begin, end, scores, largest, acc);
+    sum_weights(a, r, scores, begin, end, total);
 }
 
 /* The ranges' partial sums of query q of key/value head g (q: token q / groups, head
@@ -593,7 +436,7 @@ static int work_alloc(Work *w, const TandemDecoder *d, int64_t n, const uint8_t 
     w->mixed = malloc(sizeof(float) * n * (q_width > d->intermediate ? q_width : d->intermediate));
     w->update = malloc(sizeof(float) * n * d->hidden);
     w->scores = malloc(sizeof(float) * (d->kv_heads * n * groups * w->scores_per_head + 1));
-    w->padded = malloc(sizeof(float) * threads * 16 * dim); /* a block of 16 key rows per thread */
+    w->padded = malloc(sizeof(float) * threads * LANES * dim); /* a block of key rows per thread (score_block) */
     w->largest = malloc(sizeof(float) * tasks * n * groups);
     w->totals = malloc(sizeof(float) * tasks * n * groups);
     w->partial = malloc(sizeof(float) * tasks * n * groups * dim);
@@ -685,7 +528,7 @@ static void attend_spans(const TandemDecoder *d, const TandemLayer *layer, const
                 attend_range(&own, g, r, layer->keys + g * d->cache_rows * dim, layer->values + g * d->cache_rows * dim,
                              begin, end, w->scores + task * groups * RANGE_ROWS, w->largest + task * groups,
                              w->totals + task * groups, w->partial + task * groups * dim,
-                             w->padded + omp_get_thread_num() * 16 * dim);
+                             w->padded + omp_get_thread_num() * LANES * dim);
             }
 #pragma omp for collapse(3) schedule(static)
     for (int64_t i = 0; i < shared->n; i++)
@@ -733,7 +576,7 @@ static int run_layer(const TandemDecoder *d, const TandemLayer *layer, int64_t n
                     attend_range(&attention, g, r, layer->keys + g * d->cache_rows * dim,
                                  layer->values + g * d->cache_rows * dim, begin, end, scores, w->largest + task * queries,
                                  w->totals + task * queries, w->partial + task * queries * dim,
-                                 w->padded + omp_get_thread_num() * 16 * dim);
+                                 w->padded + omp_get_thread_num() * LANES * dim);
                 }
 #pragma omp for collapse(2) schedule(static)
             for (int64_t g = 0; g < d->kv_heads; g++)
@@ -881,7 +724,22 @@ int tandem_eagle3_forward(const TandemDecoder *d, const float *hidden_norm, int6
 }
 
 int64_t tandem_abi(int64_t *out, int64_t count) {
-    const int64_t abi[TANDEM_ABI_FIELDS] = {TANDEM_ABI_VERSION, sizeof(TandemInt8), sizeof(TandemLayer), sizeof(TandemDecoder)};
+#define AT(type, field) (int64_t) offsetof(type, field)
+    const int64_t abi[TANDEM_ABI_FIELDS] = {
+        TANDEM_ABI_VERSION, sizeof(TandemInt8), sizeof(TandemLayer), sizeof(TandemDecoder),
+        AT(TandemInt8, weight), AT(TandemInt8, scale), AT(TandemInt8, row_sums), AT(TandemInt8, bias),
+        AT(TandemInt8, rows), AT(TandemInt8, width),
+        AT(TandemLayer, input_norm), AT(TandemLayer, post_attention_norm), AT(TandemLayer, qkv), AT(TandemLayer, output),
+        AT(TandemLayer, gate_up), AT(TandemLayer, down), AT(TandemLayer, keys), AT(TandemLayer, values),
+        AT(TandemLayer, q_norm), AT(TandemLayer, k_norm),
+        AT(TandemDecoder, layers), AT(TandemDecoder, hidden), AT(TandemDecoder, heads), AT(TandemDecoder, kv_heads),
+        AT(TandemDecoder, head_dim), AT(TandemDecoder, intermediate), AT(TandemDecoder, vocab),
+        AT(TandemDecoder, cache_rows), AT(TandemDecoder, eps), AT(TandemDecoder, attention_scale),
+        AT(TandemDecoder, embedding), AT(TandemDecoder, embedding_scale), AT(TandemDecoder, final_norm),
+        AT(TandemDecoder, lm_head), AT(TandemDecoder, cos), AT(TandemDecoder, sin), AT(TandemDecoder, table_positions),
+        AT(TandemDecoder, layer),
+    };
+#undef AT
     for (int64_t i = 0; i < count && i < TANDEM_ABI_FIELDS; i++) out[i] = abi[i];
     return TANDEM_ABI_FIELDS;
 }

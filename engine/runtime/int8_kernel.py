@@ -1,7 +1,8 @@
 """The int8 layers' product on the CPU for a few tokens: Tandem's own kernel (`int8_matmul.c`
 with AVX-512 VNNI; `int8_matmul_avx2.c` with AVX-VNNI or AVX2 alone (and FMA), for the CPUs
-without AVX-512), built ahead of time for every variant (kernel_build.py) and loaded for the
-variant this CPU runs.
+without AVX-512; `int8_matmul_portable.c`, plain C, for any other x86-64 CPU and as the
+reference the others are tested against), built ahead of time for every variant
+(kernel_build.py) and loaded for the variant this CPU runs.
 
 Why: one token's forward is a matrix-vector product per layer. oneDNN's `torch._int_mm`
 reads the weights there at about half the bandwidth two cores have (docs/BENCHMARKS.md); this
@@ -15,8 +16,9 @@ about its own launch at one token.
 - Past a number of rows that depends on the variant (long verifies, prompt chunks) oneDNN's
   blocked GEMM is faster, and `torch_product` takes over; in a compiled graph the kernel runs
   one-token forwards only (`integer_product` says why).
-- Where the kernel cannot run (no AVX2, not Linux, no library and no C compiler, a failed
-  build, a library of another ABI), `torch_product` does the work; `unavailable_reason()` says why.
+- Where the kernel cannot run (not Linux on x86-64, no library and no C compiler, a failed
+  build, a library whose structs differ from kernel_abi.py's), `torch_product` does the work;
+  `unavailable_reason()` says why.
 - The product is a torch operator, so torch.compile keeps it as one opaque call in the graph.
 - The library comes from engine/runtime/_built/ (packaging/setup.sh, the wheel, the bundle);
   where that holds none for these sources (a checkout without setup, or pulled since), it is
@@ -28,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -38,13 +41,12 @@ import torch
 
 from .. import paths
 from .cpu import cpu_flags, forward_threads
+from .kernel_abi import mismatch
 # The variant table lives with the build step; benches and tests read it here too.
 from .kernel_build import DECODER_SOURCE, PREBUILT_DIR, VARIANTS, BuildFailed, Variant, compile_library, library_name
 
-# The version of tandem_abi.h's structs that native_forward.py's ctypes structs mirror: bump
-# both with any change to them (a library of another version is refused, not misread).
-ABI_VERSION = 1
-KERNEL_VARIABLE = "TANDEM_INT8_KERNEL"  # a narrower build than this CPU's, or "off" (chosen_variant)
+# A narrower build than this CPU's ("AVX2", "portable", …), or "off" (chosen_variant)
+KERNEL_VARIABLE = "TANDEM_INT8_KERNEL"
 # Whether a compiled one-token forward calls the kernel. Read while tracing, so dynamo keeps a
 # graph per value: docs/bench/int8_kernel_step.py compiles both and times them call by call.
 KERNEL_IN_ONE_TOKEN_GRAPHS = True
@@ -160,7 +162,7 @@ def _(x: torch.Tensor, weight: torch.Tensor, row_sums: torch.Tensor) -> torch.Te
 
 
 def variant_name() -> str | None:
-    """Which build of the kernel runs here ("AVX-512 VNNI", "AVX-VNNI", "AVX2"), or None."""
+    """Which build of the kernel runs here ("AVX-512 VNNI", "AVX-VNNI", "AVX2", "portable"), or None."""
     return _variant.name if _loaded() is not None else None
 
 
@@ -237,8 +239,9 @@ def _library_name(variant: Variant) -> str:
 
 def chosen_variant() -> Variant:
     """The build for this CPU, or the narrower one TANDEM_INT8_KERNEL names ("AVX2",
-    "AVX-VNNI"): what a CPU with only those features runs, measured on this one (docs/bench/
-    native_variants.py, `tandem bench`). TANDEM_INT8_KERNEL=off leaves the products to torch."""
+    "AVX-VNNI", "portable"): what a CPU with only those features runs, measured on this one
+    (docs/bench/native_variants.py, `tandem bench`). TANDEM_INT8_KERNEL=off leaves the products
+    to torch."""
     wanted = os.environ.get(KERNEL_VARIABLE, "").strip()
     if not wanted:
         return variant_for(cpu_flags())
@@ -254,19 +257,20 @@ def chosen_variant() -> Variant:
 
 
 def variant_for(flags: frozenset[str]) -> Variant:
-    """The build for a CPU with these feature flags (KernelUnavailable where none fits)."""
+    """The build for a CPU with these feature flags: the first in VARIANTS it has every feature
+    of, the portable build where it has none of the others' (KernelUnavailable where none fits)."""
     for variant in VARIANTS:
         if variant.needs <= flags:
             return variant
-    raise KernelUnavailable("this CPU has neither AVX-512 VNNI nor AVX2 with FMA")
+    raise KernelUnavailable("no build of the int8 kernel fits this CPU")
 
 
 def _load(variant: Variant) -> ctypes.CDLL:
     """`variant`'s library: the prebuilt one, else one compiled here (again where a cached one
     does not load: a half-written or corrupt file)."""
     global _origin
-    if not sys.platform.startswith("linux"):
-        raise KernelUnavailable("the int8 kernel is built for Linux only")
+    if not sys.platform.startswith("linux") or platform.machine() != "x86_64":
+        raise KernelUnavailable("the int8 kernel is built for Linux on x86-64 only")
     prebuilt = PREBUILT_DIR / _library_name(variant)
     if prebuilt.exists():
         try:
@@ -287,15 +291,6 @@ def _load(variant: Variant) -> ctypes.CDLL:
     return _declared(loaded)
 
 
-def abi(library: ctypes.CDLL) -> dict[str, int]:
-    """What `library` was built with (tandem_abi.h): its ABI version and its structs' sizes."""
-    values = (ctypes.c_int64 * 4)()
-    library.tandem_abi.argtypes = [ctypes.c_void_p, ctypes.c_int64]
-    library.tandem_abi.restype = ctypes.c_int64
-    library.tandem_abi(values, len(values))
-    return dict(zip(("version", "int8", "layer", "decoder"), values))
-
-
 def build_for_comparison(variant: Variant, out: Path, sources: tuple[Path, ...] | None = None) -> ctypes.CDLL:
     """A library built from `sources` (the variant's and the decoder's by default) with the
     variant's flags at `out`, loaded beside the runtime's own: for benchmarks that switch
@@ -305,13 +300,12 @@ def build_for_comparison(variant: Variant, out: Path, sources: tuple[Path, ...] 
 
 
 def _declared(loaded: ctypes.CDLL) -> ctypes.CDLL:
-    """`loaded` with its functions' argument and result types set, once its ABI is this
-    Tandem's (KernelUnavailable where it is not)."""
-    if not hasattr(loaded, "tandem_abi"):
-        raise KernelUnavailable("the int8 kernel library reports no ABI version (built from older sources)")
-    version = abi(loaded)["version"]
-    if version != ABI_VERSION:
-        raise KernelUnavailable(f"the int8 kernel library has ABI version {version}; this Tandem reads {ABI_VERSION}")
+    """`loaded` with its functions' argument and result types set, once its ABI (version,
+    struct sizes, field offsets) is this Tandem's (KernelUnavailable, saying what differs,
+    where it is not)."""
+    refusal = mismatch(loaded)
+    if refusal is not None:
+        raise KernelUnavailable(refusal)
     function = loaded.tandem_int8_product
     function.argtypes = [
         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,

@@ -1,5 +1,6 @@
 """Builds Tandem's native kernels (the int8 product and the decoder forward, one shared library)
-ahead of time, one library per ISA variant, as a library's build does:
+ahead of time, one library per ISA variant (AVX-512 VNNI with AMX, AVX-VNNI, AVX2 with FMA, and
+a portable one in plain C that any x86-64 CPU runs), as a library's build does:
 
     python -m engine.runtime.kernel_build [OUT_DIR]     # default: engine/runtime/_built/
 
@@ -62,10 +63,20 @@ VARIANTS = (
             most_tokens=8, in_compiled_graphs=False),
     Variant("AVX2", _HERE / "int8_matmul_avx2.c", frozenset({"avx2", "fma"}), ("-mavx2", "-mfma"), most_tokens=4,
             in_compiled_graphs=False),
+    # Plain C, no intrinsics (simd.h's one-lane helpers): any x86-64 CPU runs it, so it is last,
+    # the fallback where no other fits, and the reference the tests compare the others with.
+    # -march=x86-64: the baseline, even where a compiler defaults to a newer level. Its rows are
+    # not measured on a CPU of its kind (none here); 64, the native forward's prompt pieces, so
+    # that every forward runs this arithmetic: with prompts past the kernel's rows in torch,
+    # tree nodes got other logits than the same tokens stepped after the same prompt (seen with
+    # AVX-512 VNNI taken as never measured), and greedy speculation could leave plain decoding.
+    Variant("portable", _HERE / "int8_matmul_portable.c", frozenset(), ("-march=x86-64",), most_tokens=64,
+            in_compiled_graphs=False),
 )
 # Built into the same library: a whole decoder forward over the kernel (native_forward.py).
 DECODER_SOURCE = _HERE / "decoder_forward.c"
 ABI_HEADER = _HERE / "tandem_abi.h"  # the structs native_forward.py hands the forward
+SIMD_HEADER = _HERE / "simd.h"  # the forward's per-ISA vector helpers
 PREBUILT_DIR = _HERE / "_built"
 LIBRARY_PREFIX = "tandem_kernels-"
 BUILD_TIMEOUT_S = 120
@@ -82,7 +93,7 @@ def compiler() -> str:
 def library_name(variant: Variant) -> str:
     """The file name of `variant`'s library built from the sources as they are now, e.g.
     tandem_kernels-avx2-0123456789abcdef.so (OSError where a source is missing)."""
-    sources = b"".join(path.read_bytes() for path in (variant.source, DECODER_SOURCE, ABI_HEADER))
+    sources = b"".join(path.read_bytes() for path in (variant.source, DECODER_SOURCE, ABI_HEADER, SIMD_HEADER))
     key = hashlib.sha256(sources + " ".join((*CODE_FLAGS, *variant.flags)).encode()).hexdigest()[:16]
     return f"{LIBRARY_PREFIX}{re.sub(r'[^a-z0-9]+', '-', variant.name.lower())}-{key}.so"
 

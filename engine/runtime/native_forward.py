@@ -28,6 +28,8 @@ import torch
 from . import int8_kernel
 from .cpu import forward_threads
 from .int8_weights import Int8Embedding, Int8Linear
+# The C structs' mirrors, checked against the library's own layout when it is loaded.
+from .kernel_abi import DecoderStruct, Int8Struct, LayerStruct
 from .static_families import recipe_for, static_refusal
 
 NATIVE_NAME = "torch (native int8 forward)"  # the runtime's name where it runs
@@ -43,28 +45,6 @@ MEASURED_VARIANTS = {"AVX-512 VNNI", "AVX-VNNI", "AVX2"}
 PROMPT_ROWS = 64
 NATIVE_RECIPES = {"Llama", "Mistral", "Qwen2", "Qwen3"}
 NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
-
-
-class Int8Struct(ctypes.Structure):
-    _fields_ = [("weight", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("row_sums", ctypes.c_void_p),
-                ("bias", ctypes.c_void_p), ("rows", ctypes.c_int64), ("width", ctypes.c_int64)]
-
-
-class LayerStruct(ctypes.Structure):
-    _fields_ = [("input_norm", ctypes.c_void_p), ("post_attention_norm", ctypes.c_void_p), ("qkv", Int8Struct),
-                ("output", Int8Struct), ("gate_up", Int8Struct), ("down", Int8Struct), ("keys", ctypes.c_void_p), ("values", ctypes.c_void_p),
-                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p)]
-
-
-class DecoderStruct(ctypes.Structure):
-    _fields_ = [
-        ("layers", ctypes.c_int64), ("hidden", ctypes.c_int64), ("heads", ctypes.c_int64), ("kv_heads", ctypes.c_int64),
-        ("head_dim", ctypes.c_int64), ("intermediate", ctypes.c_int64), ("vocab", ctypes.c_int64), ("cache_rows", ctypes.c_int64),
-        ("eps", ctypes.c_float), ("attention_scale", ctypes.c_float),
-        ("embedding", ctypes.c_void_p), ("embedding_scale", ctypes.c_void_p), ("final_norm", ctypes.c_void_p),
-        ("lm_head", Int8Struct), ("cos", ctypes.c_void_p), ("sin", ctypes.c_void_p), ("table_positions", ctypes.c_int64),
-        ("layer", ctypes.POINTER(LayerStruct)),
-    ]
 
 
 def refusal(model: torch.nn.Module, device: torch.device) -> str | None:

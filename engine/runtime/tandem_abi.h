@@ -1,11 +1,12 @@
 /* The structs Python hands the native forward (engine/runtime/native_forward.py's ctypes
  * Int8Struct, LayerStruct, DecoderStruct mirror them field for field), and the ABI version.
  *
- * Why a header and a version: the layouts are written twice, once here and once in ctypes,
- * and a field added on one side only would be read as another field's bytes. Bump
- * TANDEM_ABI_VERSION with any change here; the library reports it and the sizes below through
- * tandem_abi() (decoder_forward.c), int8_kernel.py refuses a library of another version, and
- * tests/engine/runtime/test_kernel_build.py compares the sizes with ctypes'. */
+ * Why a header, a version and a report: the layouts are written twice, once here and once in
+ * ctypes, and a field added on one side only would be read as another field's bytes. Bump
+ * TANDEM_ABI_VERSION with any change here. The library reports the version, the structs' sizes
+ * and every field's offset through tandem_abi() (decoder_forward.c), and Python compares them
+ * with its ctypes structs once, when it loads the library (engine/runtime/kernel_abi.py):
+ * a library that differs in any of them is refused, and torch does the work. */
 #ifndef TANDEM_ABI_H
 #define TANDEM_ABI_H
 
@@ -43,10 +44,11 @@ typedef struct {
     const TandemLayer *layer;
 } TandemDecoder;
 
-/* What the library was built with, in this order: TANDEM_ABI_VERSION, then the sizes in bytes
- * of TandemInt8, TandemLayer and TandemDecoder. Writes at most `count` of them into `out` and
- * returns how many there are. */
-#define TANDEM_ABI_FIELDS 4
+/* What the library was built with, in this order: TANDEM_ABI_VERSION; the sizes in bytes of
+ * TandemInt8, TandemLayer and TandemDecoder; then the offset of each of their fields, struct
+ * by struct, in the order they are declared above. Writes at most `count` of them into `out`
+ * and returns how many there are (TANDEM_ABI_FIELDS). */
+#define TANDEM_ABI_FIELDS (4 + 6 + 10 + 18)
 int64_t tandem_abi(int64_t *out, int64_t count);
 
 #endif

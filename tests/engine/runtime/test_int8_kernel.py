@@ -112,6 +112,19 @@ def test_the_product_is_the_float_product_up_to_the_activations_second_rounding(
     assert (integer_product(x, weight, weight_row_sums(weight)) - reference).abs().max() < 1e-3 * reference.abs().max()
 
 
+def test_every_build_gives_the_portable_builds_floats(each_variant, monkeypatch):
+    """The portable build (plain C, no intrinsics) is the reference: every build this CPU runs
+    gives its floats to the bit, at one token and at a verify's, on the demo target's shapes."""
+    x, weight = activations(9, 1536, seed=21), random_int8(576, 1536, seed=22)
+    built = [kernel_product(x[:rows], weight, weight_row_sums(weight)) for rows in (1, 9)]
+    for name, fresh in (("_tried", False), ("_library", None), ("_reason", None), ("_variant", None)):
+        monkeypatch.setattr(int8_kernel, name, fresh)
+    monkeypatch.setattr(int8_kernel, "cpu_flags", lambda: frozenset())
+    assert variant_name() == "portable"
+    for rows, product in zip((1, 9), built):
+        assert torch.equal(kernel_product(x[:rows], weight, weight_row_sums(weight)), product), (each_variant.name, rows)
+
+
 def test_a_weight_given_as_rows_of_a_larger_one_is_read_in_place(each_variant):
     """Joined layers (int8_weights.join_rows) hand each part a view of their rows, and column
     slices have a row stride wider than their width."""
@@ -177,23 +190,41 @@ def test_without_a_library_or_a_compiler_oneDNN_does_the_product_and_the_reason_
     assert "no C compiler (no-such-compiler)" in unavailable_reason()
 
 
-@pytest.mark.parametrize("flags", [{"sse4_2", "avx", "fma"}, {"sse4_2", "avx", "avx2"}], ids=["no AVX2", "AVX2 without FMA"])
-def test_a_cpu_without_avx2_and_fma_keeps_oneDNN(fresh_kernel, monkeypatch, flags):
+@pytest.mark.skipif(not CAN_BUILD, reason=NO_KERNEL)
+@pytest.mark.parametrize("flags", [{"sse4_2", "avx", "fma"}, {"sse4_2", "avx", "avx2"}, set()],
+                         ids=["no AVX2", "AVX2 without FMA", "no flags at all"])
+def test_a_cpu_without_avx2_and_fma_runs_the_portable_build(fresh_kernel, monkeypatch, flags):
     monkeypatch.setattr(int8_kernel, "cpu_flags", lambda: frozenset(flags))
     x, weight = activations(3, 70, seed=10), random_int8(20, 70, seed=11)
+    assert torch.equal(kernel_product(x, weight, weight_row_sums(weight)), torch_product(x, weight))
+    assert unavailable_reason() is None and variant_name() == "portable"
+
+
+def test_off_x86_64_oneDNN_does_the_product_and_says_why(fresh_kernel, monkeypatch):
+    """The builds are compiled and tested for x86-64 Linux only: elsewhere torch runs the product."""
+    monkeypatch.setattr(int8_kernel.platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(int8_kernel, "cpu_flags", lambda: frozenset())
+    x, weight = activations(3, 70, seed=10), random_int8(20, 70, seed=11)
     assert torch.equal(integer_product(x, weight, weight_row_sums(weight)), torch_product(x, weight))
-    assert unavailable_reason() == "this CPU has neither AVX-512 VNNI nor AVX2 with FMA" and variant_name() is None
+    assert unavailable_reason() == "the int8 kernel is built for Linux on x86-64 only" and variant_name() is None
 
 
-@pytest.mark.skipif(not CAN_BUILD or not VARIANTS[-1].needs <= cpu_flags(), reason=NO_KERNEL if not CAN_BUILD else "this CPU lacks avx2 or fma for the AVX2 build")
+def test_the_portable_build_is_last_so_that_it_runs_only_where_no_other_fits():
+    assert VARIANTS[-1].name == "portable" and VARIANTS[-1].needs == frozenset()
+    assert all(variant.needs for variant in VARIANTS[:-1])
+    assert int8_kernel.variant_for(frozenset({"avx2", "fma"})).name == "AVX2"
+
+
+@pytest.mark.skipif(not CAN_BUILD, reason=NO_KERNEL)
 def test_the_environment_can_name_a_narrower_build_or_turn_the_kernel_off(fresh_kernel, monkeypatch):
-    """TANDEM_INT8_KERNEL: what a CPU with fewer features runs, measured on this one; or off."""
+    """TANDEM_INT8_KERNEL: what a CPU with fewer features runs, measured on this one; or off.
+    The portable build runs on every CPU."""
     x, weight = activations(3, 70, seed=12), random_int8(20, 70, seed=13)
-    monkeypatch.setenv("TANDEM_INT8_KERNEL", "avx2")
-    assert variant_name() == "AVX2" and unavailable_reason() is None
+    monkeypatch.setenv("TANDEM_INT8_KERNEL", "Portable")
+    assert variant_name() == "portable" and unavailable_reason() is None
     assert torch.equal(integer_product(x, weight, weight_row_sums(weight)), torch_product(x, weight))
     for value, reason in (("off", "turned off (TANDEM_INT8_KERNEL=off)"),
-                          ("SSE2", "TANDEM_INT8_KERNEL='SSE2' names no build of the int8 kernel (one of AVX-512 VNNI, AVX-VNNI, AVX2, or off)")):
+                          ("SSE2", "TANDEM_INT8_KERNEL='SSE2' names no build of the int8 kernel (one of AVX-512 VNNI, AVX-VNNI, AVX2, portable, or off)")):
         for name, fresh in (("_tried", False), ("_library", None), ("_reason", None), ("_variant", None)):
             monkeypatch.setattr(int8_kernel, name, fresh)
         monkeypatch.setenv("TANDEM_INT8_KERNEL", value)

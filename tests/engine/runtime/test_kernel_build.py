@@ -1,7 +1,8 @@
 """The native kernels built ahead of time (kernel_build.py): every variant compiles with
--Wall -Werror whatever this CPU has, its library reports the ABI native_forward.py's ctypes
-structs expect, and with no compiler anywhere the kernel and the native forward load the
-prebuilt library and give the logits the compiled-at-first-use one gives.
+-Wall -Werror whatever this CPU has, its library reports the ABI kernel_abi.py's ctypes structs
+expect (a library built from another layout is refused at load, saying what differs), and with
+no compiler anywhere the kernel and the native forward load the prebuilt library and give the
+logits the compiled-at-first-use one gives.
 
 Each test of one variant is named after it; those this CPU cannot run are skipped with the
 CPU flags it lacks (an AMD Zen 4 has AVX-512 VNNI but not AVX-VNNI)."""
@@ -20,10 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.runtime import int8_kernel, kernel_build
+from engine.runtime import int8_kernel, kernel_abi, kernel_build
 from engine.runtime.cpu import cpu_flags
 from engine.runtime.kernel_build import VARIANTS, Variant
-from engine.runtime.native_forward import DecoderStruct, Int8Struct, LayerStruct
 
 ROOT = Path(__file__).resolve().parents[3]
 CAN_COMPILE = (sys.platform.startswith("linux") and platform.machine() == "x86_64"
@@ -84,8 +84,11 @@ def test_the_output_names_the_variants_built_and_run(built):
     run = [variant.name for variant in VARIANTS if not lacks(variant)]
     not_run = [f"{variant.name} (this CPU lacks {', '.join(lacks(variant))})" for variant in VARIANTS if lacks(variant)]
     assert len(list(built.glob("*.so"))) == len(VARIANTS)
+    everywhere = [variant.name for variant in VARIANTS if not variant.needs]
+    assert everywhere == ["portable"] and set(everywhere) <= set(run)
     warnings.warn(KernelVariants(f"native kernels built with -Wall -Werror: {', '.join(v.name for v in VARIANTS)}; "
-                                 f"tested on this CPU: {', '.join(run) or 'none'}; not run: {', '.join(not_run) or 'none'}"))
+                                 f"tested on this CPU: {', '.join(run) or 'none'} ({', '.join(everywhere)}: on every CPU, "
+                                 f"the reference the others are compared with); not run: {', '.join(not_run) or 'none'}"))
 
 
 def test_a_warning_fails_the_build(tmp_path):
@@ -108,17 +111,59 @@ def test_each_library_reports_the_abi_of_the_python_structs(built, variant):
     skip_unless_runnable(variant)  # its tandem_abi may use the variant's instructions
     library = ctypes.CDLL(str(built / kernel_build.library_name(variant)))
     header = (ROOT / "engine" / "runtime" / "tandem_abi.h").read_text()
-    assert f"#define TANDEM_ABI_VERSION {int8_kernel.ABI_VERSION}\n" in header
-    assert int8_kernel.abi(library) == {"version": int8_kernel.ABI_VERSION, "int8": ctypes.sizeof(Int8Struct),
-                                        "layer": ctypes.sizeof(LayerStruct), "decoder": ctypes.sizeof(DecoderStruct)}
+    assert f"#define TANDEM_ABI_VERSION {kernel_abi.ABI_VERSION}\n" in header
+    expected = kernel_abi.expected_abi()
+    assert len(expected) == 4 + 6 + 10 + 18  # the version, 3 sizes, every field of the 3 structs
+    assert kernel_abi.reported_abi(library) == [value for _, value in expected]
+    assert kernel_abi.mismatch(library) is None
 
 
 def test_a_library_of_another_abi_version_is_refused(fresh_kernel, monkeypatch):
-    if not any(variant.needs <= cpu_flags() for variant in VARIANTS):
-        pytest.skip("this CPU lacks avx2 and fma, which every build needs")
-    monkeypatch.setattr(int8_kernel, "ABI_VERSION", int8_kernel.ABI_VERSION + 1)
+    monkeypatch.setattr(kernel_abi, "ABI_VERSION", kernel_abi.ABI_VERSION + 1)
     assert int8_kernel.unavailable_reason() == (
-        f"the int8 kernel library has ABI version {int8_kernel.ABI_VERSION - 1}; this Tandem reads {int8_kernel.ABI_VERSION}")
+        f"the int8 kernel library has ABI version {kernel_abi.ABI_VERSION - 1}; this Tandem reads {kernel_abi.ABI_VERSION}")
+
+
+# tandem_abi.h changed on the C side only, its version kept: what a field added or two fields
+# swapped there without the same change in kernel_abi.py would build, and what the refusal says.
+PLANTED = {
+    "a field added": ("    float *keys, *values;", "    float *keys, *values;\n    int64_t planted;",
+                      f"sizeof(TandemLayer) is {ctypes.sizeof(kernel_abi.LayerStruct) + 8} "
+                      f"where this Tandem's ctypes structs have {ctypes.sizeof(kernel_abi.LayerStruct)}"),
+    "two fields swapped": ("    const float *cos, *sin;", "    const float *sin, *cos;",
+                           f"offsetof(TandemDecoder, cos) is {kernel_abi.DecoderStruct.sin.offset} "
+                           f"where this Tandem's ctypes structs have {kernel_abi.DecoderStruct.cos.offset}"),
+}
+
+
+@pytest.mark.parametrize("plant", sorted(PLANTED))
+def test_a_library_whose_structs_differ_is_refused_saying_what_differs_and_torch_runs(
+        plant, fresh_kernel, monkeypatch, tmp_path):
+    before, after, differs = PLANTED[plant]
+    sources = tmp_path / "sources"
+    sources.mkdir()
+    portable = VARIANTS[-1]
+    for path in (portable.source, kernel_build.DECODER_SOURCE, kernel_build.SIMD_HEADER, kernel_build.ABI_HEADER):
+        shutil.copy(path, sources / path.name)
+    header = sources / kernel_build.ABI_HEADER.name
+    assert before in header.read_text()
+    header.write_text(header.read_text().replace(before, after))
+    # built where the runtime looks for its prebuilt library, under the name of these sources'
+    prebuilt = tmp_path / "built"
+    kernel_build.compile_library(portable, prebuilt / kernel_build.library_name(portable),
+                                 sources=(sources / portable.source.name, sources / kernel_build.DECODER_SOURCE.name))
+    monkeypatch.setattr(int8_kernel, "PREBUILT_DIR", prebuilt)
+    monkeypatch.setattr(int8_kernel, "cpu_flags", lambda: portable.needs)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))  # and no compiler to build a good one
+    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    assert int8_kernel.unavailable_reason() == (
+        f"the int8 kernel library's {differs} (tandem_abi.h and engine/runtime/kernel_abi.py differ)")
+    assert int8_kernel.variant_name() is None and int8_kernel.loaded_library() is None
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(4))
+    weight = torch.randint(-127, 128, (16, 64), dtype=torch.int8, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(int8_kernel.integer_product(x, weight, int8_kernel.weight_row_sums(weight)),
+                       int8_kernel.torch_product(x, weight))
 
 
 def one_forwards_logits(seed: int) -> torch.Tensor:

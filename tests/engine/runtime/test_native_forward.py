@@ -28,7 +28,7 @@ from .test_torch_static import converse, random_tree
 pytestmark = pytest.mark.skipif(int8_kernel.unavailable_reason() is not None,
                                 reason=f"the int8 kernel does not run here: {int8_kernel.unavailable_reason()}")
 
-# Every kernel build, skipped with the CPU flags it needs and this CPU lacks (an AVX-512 CPU runs all three).
+# Every kernel build, skipped with the CPU flags it needs and this CPU lacks (the portable one runs everywhere).
 ALL_VARIANTS = [
     pytest.param(variant, id=variant.name, marks=pytest.mark.skipif(
         not variant.needs <= cpu_flags(),
@@ -275,7 +275,8 @@ def each_build(request, monkeypatch: pytest.MonkeyPatch) -> int8_kernel.Variant:
 
 
 def test_every_kernel_build_runs_the_native_forward(each_build):
-    """The AVX2 builds compile the forward without AVX-512: its attention and e^x on 8 lanes."""
+    """The AVX2 builds compile the forward without AVX-512: its attention and e^x on 8 lanes;
+    the portable build on one lane, in plain C."""
     assert int8_kernel.variant_name() == each_build.name
     rng = random.Random(13)
     runtimes = pair_of_runtimes(int8_model("llama-96-wide-heads", 13))
@@ -284,10 +285,32 @@ def test_every_kernel_build_runs_the_native_forward(each_build):
     converse(rng, runtimes, context, rounds=4, same=close)
 
 
+@pytest.mark.parametrize("kind", ["llama-96-wide-heads", "qwen3"])
+def test_every_build_gives_the_portable_builds_logits_to_float_rounding(kind, each_build, monkeypatch):
+    """The portable build (plain C, simd.h's one-lane helpers) is the reference: each build's
+    logits through a prompt past a range border (128 rows), a verify and a step are within
+    RELATIVE of its. Heads of 96 (value columns past the vectors' 64) and of 24 (no whole
+    16-lane block: AVX-512 scores row by row)."""
+    def logits() -> torch.Tensor:
+        native, _ = pair_of_runtimes(int8_model(kind, 17))
+        rng = random.Random(17)
+        prompt, verify = [rng.randrange(VOCAB) for _ in range(140)], [rng.randrange(VOCAB) for _ in range(5)]
+        return torch.cat([native.forward(prompt, logits_wanted=140), native.forward(verify, logits_wanted=5),
+                          native.forward([rng.randrange(VOCAB)])])
+
+    built = logits()
+    for name, value in (("_tried", False), ("_library", None), ("_reason", None), ("_variant", None)):
+        monkeypatch.setattr(int8_kernel, name, value)
+    monkeypatch.setattr(int8_kernel, "cpu_flags", lambda: frozenset())
+    assert int8_kernel.variant_name() == "portable"
+    assert_close(built, logits())
+
+
 def test_the_forwards_exponential_is_within_two_ulp_of_the_true_one(each_build):
-    """Softmax and SiLU take e^x from a vector polynomial (16 lanes with AVX-512, 8 with AVX2,
-    whose powers of two come from exponent bits): a wrong coefficient, range reduction or
-    scaling is off by more than the logits' tolerance can see."""
+    """Softmax and SiLU take e^x from one polynomial over simd.h's helpers (16 lanes with
+    AVX-512, 8 with AVX2, whose powers of two come from exponent bits, 1 in the portable build,
+    whose multiply-adds round twice): a wrong coefficient, range reduction or scaling is off by
+    more than the logits' tolerance can see."""
     library = int8_kernel.loaded_library()
     x = torch.cat([torch.linspace(-103.0, 88.0, 200_003), torch.randn(10_000) * 3,
                    torch.tensor([0.0, -0.0, 88.72, -87.33, 1e-8, -1e-8])])

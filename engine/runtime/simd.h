@@ -1,0 +1,210 @@
+/* The vector helpers decoder_forward.c writes its attention and e^x over, one set per ISA the
+ * kernel is built for: AVX-512 (16 lanes), AVX2 with FMA (8 lanes) and plain C (1 lane, the
+ * portable build). Which set is compiled follows the build's flags (kernel_build.py).
+ *
+ * Why: the forward's softmax, weighted values and e^x had been written once per ISA, and a fix
+ * landed in one copy only. Written once over these, each ISA's code is what its old copy was,
+ * operation for operation (the AVX-512 build's logits are the same bits as before the helpers).
+ * As llamafile's tinyBLAS does it: small per-ISA loads, stores, multiply-adds and horizontal
+ * steps, and every kernel above them written once.
+ *
+ * The helpers keep the x86 rules wherever lanes differ in what they give:
+ * - v_min(a, b) and v_max(a, b) return b where either is NaN (MINPS/MAXPS), so a NaN passed
+ *   second survives a clamp;
+ * - v_fmadd(a, b, c) is a * b + c, fused where the ISA fuses it; the portable build rounds
+ *   twice (-ffp-contract=off), as Cephes' own C code does.
+ * Masks of lanes are made from bits (lane t: bit t), the portable build's mask is its one bit.
+ */
+#ifndef TANDEM_SIMD_H
+#define TANDEM_SIMD_H
+
+#include <math.h>
+#include <stdint.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+#define LANES 16
+/* weigh_values: query heads whose column sums stay in registers (4 x 4 vectors) */
+#define HEADS_AT_ONCE 4
+typedef __m512 vec;
+typedef __mmask16 lanes_mask;
+
+static inline vec v_zero(void) { return _mm512_setzero_ps(); }
+static inline vec v_set(float x) { return _mm512_set1_ps(x); }
+static inline vec v_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void v_store(float *p, vec x) { _mm512_storeu_ps(p, x); }
+static inline lanes_mask v_first_lanes(int64_t count) {
+    return count >= LANES ? (lanes_mask)0xFFFF : (lanes_mask)((1u << count) - 1);
+}
+/* the first `count` lanes (0..LANES) from p, zeros after: nothing past them is read */
+static inline vec v_load_first(const float *p, int64_t count) { return _mm512_maskz_loadu_ps(v_first_lanes(count), p); }
+static inline void v_store_first(float *p, int64_t count, vec x) { _mm512_mask_storeu_ps(p, v_first_lanes(count), x); }
+static inline vec v_add(vec a, vec b) { return _mm512_add_ps(a, b); }
+static inline vec v_sub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+static inline vec v_mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+static inline vec v_div(vec a, vec b) { return _mm512_div_ps(a, b); }
+static inline vec v_fmadd(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vec v_fnmadd(vec a, vec b, vec c) { return _mm512_fnmadd_ps(a, b, c); } /* c - a * b */
+static inline vec v_min(vec a, vec b) { return _mm512_min_ps(a, b); }
+static inline vec v_max(vec a, vec b) { return _mm512_max_ps(a, b); }
+static inline vec v_round(vec x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* p * 2^n for whole n, rounded once (below the normal range too) */
+static inline vec v_times_power_of_two(vec p, vec n) { return _mm512_scalef_ps(p, n); }
+static inline lanes_mask v_less(vec a, vec b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+static inline lanes_mask v_mask_of_bits(uint32_t bits) { return (lanes_mask)bits; }
+static inline vec v_select(lanes_mask where, vec chosen, vec otherwise) { return _mm512_mask_blend_ps(where, otherwise, chosen); }
+static inline float v_largest(vec x) { return _mm512_reduce_max_ps(x); }
+
+/* Lane t: query . rows[t] over dim (a multiple of 16), rows `dim` floats apart. */
+static inline vec v_dot_rows(const float *query, const float *rows, int64_t dim) {
+    __m512 acc[16];
+    for (int t = 0; t < 16; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < dim; j += 16) {
+        __m512 x = _mm512_loadu_ps(query + j);
+        for (int t = 0; t < 16; t++) acc[t] = _mm512_fmadd_ps(x, _mm512_loadu_ps(rows + t * dim + j), acc[t]);
+    }
+    /* the int8 kernel's reduction tree (int8_matmul.c, sum_lanes_16), for floats */
+    __m512 pairs[8], quads[4];
+    for (int i = 0; i < 8; i++)
+        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * i], acc[2 * i + 1]), _mm512_unpackhi_ps(acc[2 * i], acc[2 * i + 1]));
+    for (int i = 0; i < 4; i++)
+        quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(pairs[2 * i]), _mm512_castps_pd(pairs[2 * i + 1]))),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(pairs[2 * i]), _mm512_castps_pd(pairs[2 * i + 1]))));
+    __m512 low = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x44), _mm512_shuffle_f32x4(quads[0], quads[1], 0xEE));
+    __m512 high = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x44), _mm512_shuffle_f32x4(quads[2], quads[3], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+#define LANES 8
+/* 2 heads x 4 vectors of sums, the value row's 4 vectors and a weight: 13 of the 16 registers */
+#define HEADS_AT_ONCE 2
+typedef __m256 vec;
+typedef __m256 lanes_mask; /* all ones in a lane that is in */
+
+static inline vec v_zero(void) { return _mm256_setzero_ps(); }
+static inline vec v_set(float x) { return _mm256_set1_ps(x); }
+static inline vec v_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline void v_store(float *p, vec x) { _mm256_storeu_ps(p, x); }
+/* the lanes below `count` (0..8) as a mask for maskload/maskstore */
+static inline __m256i v_first_lanes(int64_t count) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+static inline vec v_load_first(const float *p, int64_t count) { return _mm256_maskload_ps(p, v_first_lanes(count)); }
+static inline void v_store_first(float *p, int64_t count, vec x) { _mm256_maskstore_ps(p, v_first_lanes(count), x); }
+static inline vec v_add(vec a, vec b) { return _mm256_add_ps(a, b); }
+static inline vec v_sub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+static inline vec v_mul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+static inline vec v_div(vec a, vec b) { return _mm256_div_ps(a, b); }
+static inline vec v_fmadd(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vec v_fnmadd(vec a, vec b, vec c) { return _mm256_fnmadd_ps(a, b, c); } /* c - a * b */
+static inline vec v_min(vec a, vec b) { return _mm256_min_ps(a, b); }
+static inline vec v_max(vec a, vec b) { return _mm256_max_ps(a, b); }
+static inline vec v_round(vec x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* p * 2^n for whole |n| <= 151. AVX2 has no VSCALEFPS: 2^n is applied as two powers of two,
+ * each a float's exponent bits, so a result below the normal range is rounded once, as scalef
+ * rounds it. */
+static inline vec v_times_power_of_two(vec p, vec n) {
+    __m256i whole = _mm256_cvtps_epi32(n); /* a NaN's comes out as INT_MIN */
+    __m256i half = _mm256_srai_epi32(whole, 1), rest = _mm256_sub_epi32(whole, half); /* each within +-76 */
+    __m256 first = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+    __m256 second = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(rest, _mm256_set1_epi32(127)), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, first), second); /* a NaN's p is NaN: so is this */
+}
+static inline lanes_mask v_less(vec a, vec b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
+static inline lanes_mask v_mask_of_bits(uint32_t bits) {
+    __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)bits), lane_bits), lane_bits));
+}
+static inline vec v_select(lanes_mask where, vec chosen, vec otherwise) { return _mm256_blendv_ps(otherwise, chosen, where); }
+/* the largest lane, a NaN lane passed over */
+static inline float v_largest(vec x) {
+    float lanes[8], top = -INFINITY;
+    _mm256_storeu_ps(lanes, x);
+    for (int t = 0; t < 8; t++)
+        if (lanes[t] > top) top = lanes[t];
+    return top;
+}
+
+/* Lane t: query . rows[t] over dim (a multiple of 8), rows `dim` floats apart; every lane
+ * summed by the same tree of adds. */
+static inline vec v_dot_rows(const float *query, const float *rows, int64_t dim) {
+    __m256 acc[8];
+    for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < dim; j += 8) {
+        __m256 x = _mm256_loadu_ps(query + j);
+        for (int t = 0; t < 8; t++) acc[t] = _mm256_fmadd_ps(x, _mm256_loadu_ps(rows + t * dim + j), acc[t]);
+    }
+    __m256 pairs[4];
+    for (int i = 0; i < 4; i++) pairs[i] = _mm256_hadd_ps(acc[2 * i], acc[2 * i + 1]);
+    __m256 low = _mm256_hadd_ps(pairs[0], pairs[1]), high = _mm256_hadd_ps(pairs[2], pairs[3]);
+    /* low's 128-bit halves: rows 0-3's sums over lanes 0-3 and 4-7; high's, rows 4-7's */
+    return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
+}
+
+#else /* the portable build: plain C, one lane (the compiler vectorises what it can) */
+
+#define LANES 1
+#define HEADS_AT_ONCE 4
+typedef float vec;
+typedef int lanes_mask;
+
+static inline vec v_zero(void) { return 0.0f; }
+static inline vec v_set(float x) { return x; }
+static inline vec v_load(const float *p) { return *p; }
+static inline void v_store(float *p, vec x) { *p = x; }
+static inline vec v_load_first(const float *p, int64_t count) { return count > 0 ? *p : 0.0f; }
+static inline void v_store_first(float *p, int64_t count, vec x) {
+    if (count > 0) *p = x;
+}
+static inline vec v_add(vec a, vec b) { return a + b; }
+static inline vec v_sub(vec a, vec b) { return a - b; }
+static inline vec v_mul(vec a, vec b) { return a * b; }
+static inline vec v_div(vec a, vec b) { return a / b; }
+static inline vec v_fmadd(vec a, vec b, vec c) { return a * b + c; }
+static inline vec v_fnmadd(vec a, vec b, vec c) { return c - a * b; }
+static inline vec v_min(vec a, vec b) { return a < b ? a : b; }
+static inline vec v_max(vec a, vec b) { return a > b ? a : b; }
+static inline vec v_round(vec x) { return nearbyintf(x); } /* half to even, in the default rounding mode */
+static inline vec v_times_power_of_two(vec p, vec n) { return isnan(n) ? n : ldexpf(p, (int)n); }
+static inline lanes_mask v_less(vec a, vec b) { return a < b; }
+static inline lanes_mask v_mask_of_bits(uint32_t bits) { return (int)(bits & 1u); }
+static inline vec v_select(lanes_mask where, vec chosen, vec otherwise) { return where ? chosen : otherwise; }
+static inline float v_largest(vec x) { return x; }
+
+static inline vec v_dot_rows(const float *query, const float *rows, int64_t dim) {
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t j = 0; j < dim; j++) dot += query[j] * rows[j];
+    return dot;
+}
+#endif
+
+/* Value columns weigh_values sums at a time: 4 vectors, each value row loaded once for a
+ * token's heads. */
+#define VALUE_VECTORS 4
+#define VALUE_COLUMNS (VALUE_VECTORS * LANES)
+
+/* e^x for each lane: Cephes' expf (2^n times a degree-7 polynomial of the remainder, within
+ * ~1 ulp of libm's expf), e^-inf = 0, e^inf = inf, NaN stays NaN. Lane by lane, so a token's
+ * values never depend on the tokens beside it. */
+static inline vec v_exp(vec x) {
+    /* max(lo, x) and min(hi, x) keep a NaN x (the second operand is returned on NaN) */
+    vec clamped = v_min(v_set(104.0f), v_max(v_set(-104.0f), x));
+    vec n = v_round(v_mul(clamped, v_set(1.44269504088896341f)));
+    vec r = v_fnmadd(n, v_set(0.693359375f), clamped);
+    r = v_fnmadd(n, v_set(-2.12194440e-4f), r);
+    vec p = v_set(1.9875691500E-4f);
+    p = v_fmadd(p, r, v_set(1.3981999507E-3f));
+    p = v_fmadd(p, r, v_set(8.3334519073E-3f));
+    p = v_fmadd(p, r, v_set(4.1665795894E-2f));
+    p = v_fmadd(p, r, v_set(1.6666665459E-1f));
+    p = v_fmadd(p, r, v_set(5.0000001201E-1f));
+    p = v_fmadd(p, v_mul(r, r), v_add(r, v_set(1.0f)));
+    return v_select(v_less(x, v_set(-104.0f)), v_zero(), v_times_power_of_two(p, n));
+}
+
+#endif
