@@ -3,13 +3,15 @@ llama.cpp loads and runs with the same logits as transformers.
 
 Written against the GGUF format (gguf's GGUFWriter), not adapted from llama.cpp's converter.
 Only what Tandem's drafts and the Llama family need: no rope scaling, no biases, no sharding
-of the output.
+of the output. With `--draft-for TARGET`, a draft is written for llama.cpp's own speculative
+decoding instead (`gguf_draft_for_target.py`).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -25,7 +27,9 @@ from safetensors import SafetensorError, safe_open
 from transformers import LlamaConfig
 
 from ..errors import ModelLoadError
+from .gguf_draft_for_target import TargetTokenizer, paired_target_gguf, vocabulary_rows
 from .gguf_vocab import read_vocabulary
+from .llama_cpp_pairing import speculation_refusals
 from ..runtime.reduced_vocabulary import ReducedVocabulary
 
 PRECISIONS = ("f16", "bf16", "f32", "q8_0")
@@ -40,6 +44,7 @@ FILE_TYPES = {
     "q8_0": LlamaFileType.MOSTLY_Q8_0,
 }
 Q8_0_BLOCK = 32  # values per Q8_0 block: a row must be a whole number of blocks
+DISTILLED_TARGET = ""  # `--draft-for` without a value: the target named in the draft's distillation report
 
 # Hugging Face name inside `model.layers.N.` → GGUF name inside `blk.N.`
 LAYER_TENSORS = {
@@ -75,35 +80,53 @@ class LlamaShape:
     tied_embeddings: bool
 
 
-def default_output_path(folder: Path, precision: str) -> Path:
+def default_output_path(folder: Path, precision: str, target: Path | None = None) -> Path:
+    """Beside the weights, where Tandem finds it; a draft for a llama.cpp target in the current
+    folder instead: Tandem takes the first GGUF beside a draft's weights as the draft in its own
+    ids, and a model folder inside an installed package may be read-only."""
+    if target is not None:
+        return Path.cwd() / f"{folder.resolve().name}-for-{target.stem}.{precision}.gguf"
     return folder / f"model.{precision}.gguf"
 
 
-def export_gguf(folder: Path, out_path: Path | None = None, precision: str = DEFAULT_PRECISION) -> Path:
-    """Write the model in `folder` to `out_path` (default: beside its weights) and return that path.
+def export_gguf(
+    folder: Path, out_path: Path | None = None, precision: str = DEFAULT_PRECISION, draft_for: Path | None = None
+) -> Path:
+    """Write the model in `folder` to `out_path` (default: `default_output_path`) and return that path.
 
-    The file appears whole or not at all: it is written under a temporary name and renamed.
+    With `draft_for` (a target GGUF file) the model is written as a draft that llama.cpp's
+    speculative decoding pairs with that target: the target's tokenizer metadata and a row for
+    each of its tokens. The file appears whole or not at all: it is written under a temporary
+    name and renamed.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"unknown GGUF precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     folder = Path(folder).expanduser()
-    out_path = Path(out_path).expanduser() if out_path else default_output_path(folder, precision)
+    out_path = Path(out_path).expanduser() if out_path else default_output_path(folder, precision, draft_for)
     shape = read_shape(folder)
     with ExitStack() as stack:
         weights = _open_weights(folder, stack)
         tied = shape.tied_embeddings or "lm_head.weight" not in weights
         embedding_rows = weights.shape("model.embed_tokens.weight")[0]
         reduced = ReducedVocabulary.load(folder)
-        if reduced is None:
-            vocabulary = read_vocabulary(folder, embedding_rows)
+        full_vocabulary = read_vocabulary(folder, reduced.full_size if reduced else embedding_rows)
+        rows = None  # (input, output) rows over the target's vocabulary, for a draft paired with one
+        if draft_for is not None:
+            vocabulary = TargetTokenizer.read(draft_for)
+            vocabulary.check_matches(full_vocabulary, folder)
+            embedding = weights.get("model.embed_tokens.weight")
+            rows = vocabulary_rows(embedding, embedding if tied else weights.get("lm_head.weight"), reduced, vocabulary.size)
+            vocab_size = vocabulary.size
+        elif reduced is None:
+            vocabulary, vocab_size = full_vocabulary, embedding_rows
         else:
-            vocabulary = read_vocabulary(folder, reduced.full_size).restricted(reduced.kept_ids)
+            vocabulary, vocab_size = full_vocabulary.restricted(reduced.kept_ids), embedding_rows
 
         def write(partial: Path) -> None:
             writer = GGUFWriter(partial, arch="llama")
-            _add_model_metadata(writer, folder, shape, embedding_rows, precision)
+            _add_model_metadata(writer, folder, shape, vocab_size, precision)
             vocabulary.write_to(writer)
-            for name, tensor in _gguf_tensors(weights, shape, tied):
+            for name, tensor in _gguf_tensors(weights, shape, tied, rows):
                 data, tensor_type = _encoded(tensor, precision)
                 writer.add_tensor(name, data, raw_dtype=tensor_type)
             writer.write_header_to_file()
@@ -217,9 +240,12 @@ def _open_weights(folder: Path, stack: ExitStack) -> _Weights:
     return _Weights(folder, files)
 
 
-def _gguf_tensors(weights: _Weights, shape: LlamaShape, tied: bool) -> Iterator[tuple[str, torch.Tensor]]:
-    """(GGUF name, fp32 tensor) pairs in llama.cpp's layout, one tensor in memory at a time."""
-    yield "token_embd.weight", weights.get("model.embed_tokens.weight")
+def _gguf_tensors(
+    weights: _Weights, shape: LlamaShape, tied: bool, paired_rows: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(GGUF name, fp32 tensor) pairs in llama.cpp's layout, one tensor read at a time.
+    `paired_rows` (input, output), where given, replace the embedding and output layer, always written apart."""
+    yield "token_embd.weight", paired_rows[0] if paired_rows else weights.get("model.embed_tokens.weight")
     for layer in range(shape.layers):
         for hf_name, gguf_name in LAYER_TENSORS.items():
             tensor = weights.get(f"model.layers.{layer}.{hf_name}")
@@ -229,7 +255,9 @@ def _gguf_tensors(weights: _Weights, shape: LlamaShape, tied: bool) -> Iterator[
                 tensor = interleave_rotary_halves(tensor, shape.kv_heads)
             yield f"blk.{layer}.{gguf_name}", tensor
     yield "output_norm.weight", weights.get("model.norm.weight")
-    if not tied:  # llama.cpp reuses token_embd as the output layer when output.weight is absent
+    if paired_rows:
+        yield "output.weight", paired_rows[1]
+    elif not tied:  # llama.cpp reuses token_embd as the output layer when output.weight is absent
         yield "output.weight", weights.get("lm_head.weight")
 
 
@@ -288,15 +316,45 @@ def add_export_gguf_command(subparsers: Any) -> None:
         "tokenizer.json) to one GGUF file that llama.cpp runs with the same logits.",
     )
     parser.add_argument("folder", type=Path, help="the model folder")
-    parser.add_argument("--out", type=Path, help="the GGUF file to write (default: FOLDER/model.PRECISION.gguf)")
+    parser.add_argument(
+        "--out", type=Path,
+        help="the GGUF file to write (default: FOLDER/model.PRECISION.gguf; with --draft-for, "
+        "FOLDER-for-TARGET.PRECISION.gguf in the current folder)",
+    )
     parser.add_argument(
         "--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
         help=f"tensor type of the matrices; norms stay f32 (default: {DEFAULT_PRECISION})",
     )
+    parser.add_argument(
+        "--draft-for", nargs="?", const=DISTILLED_TARGET, metavar="TARGET",
+        help="write a draft for llama.cpp's speculative decoding (llama-server -md, LM Studio) with "
+        "TARGET, a GGUF file or demo-target: its tokenizer and a row for each of its tokens "
+        "(default TARGET: the one the draft was distilled from)",
+    )
     parser.set_defaults(run=run_export_gguf)
 
 
+
 def run_export_gguf(args: argparse.Namespace) -> int:
-    path = export_gguf(args.folder, args.out, args.precision)
+    target = None
+    if args.draft_for is not None:
+        target = paired_target_gguf(Path(args.folder).expanduser(), args.draft_for or None)
+    path = export_gguf(args.folder, args.out, args.precision, draft_for=target)
     print(f"{path} ({path.stat().st_size / 1e6:.1f} MB, {args.precision})")
+    if target is not None:
+        return _report_pairing(target, path)
+    return 0
+
+
+def _report_pairing(target: Path, draft: Path) -> int:
+    """Ask llama.cpp, where it is installed, whether its speculative decoding takes the draft."""
+    try:
+        refusals = speculation_refusals(target, draft)
+    except ImportError:
+        refusals = None
+    if refusals:
+        print(f"llama.cpp would refuse it as the draft of {target}: {refusals[0]}", file=sys.stderr)
+        return 1
+    checked = "llama.cpp accepts it" if refusals is not None else "not checked (llama-cpp-python is not installed)"
+    print(f"a draft for {target}, {checked}; run the pair with: llama-server -m {target} -md {draft} --spec-type draft-simple")
     return 0
