@@ -50,6 +50,7 @@ PRECISION_LABELS = {
     "bf16": "bf16",
     "fp16": "fp16",
     "fp32": "fp32: full precision, most memory",
+    "stored": "stored: a GGUF file as it is, e.g. Q4_K_M (llama.cpp only)",
 }
 RUNTIME_LABELS = {
     "auto": "auto: as tandem tune measured fastest here, else llama.cpp for GGUF files, PyTorch otherwise",

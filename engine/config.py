@@ -14,7 +14,10 @@ from .errors import ConfigError  # callers name it beside the settings it refuse
 
 # int8: bitsandbytes' LLM.int8 (torch), Q8_0 (llama.cpp). int8-wo: weight-only int8 with a
 # scale per output channel, plain tensor ops that CUDA graphs capture (engine/runtime/int8_weights.py).
-PRECISIONS = ("auto", "int8", "int8-wo", "bf16", "fp16", "fp32")
+# stored: a GGUF file as it is (a Q4_K_M file stays Q4_K_M), on llama.cpp only: re-quantising a
+# 4-bit file to 8 bits gains no quality, and its steps read twice the bytes.
+PRECISIONS = ("auto", "int8", "int8-wo", "bf16", "fp16", "fp32", "stored")
+STORED = "stored"
 DEVICES = ("auto", "cpu", "cuda")
 # Which runtime runs a pair's models: "auto" is llama.cpp for a model that has a GGUF file
 # (when llama-cpp-python is installed), torch for everything else.
@@ -45,7 +48,7 @@ CUDA_DEFAULT_PRECISION = "int8-wo"
 DRAFT_CPU_DEFAULT_PRECISION = "int8-wo"
 DRAFT_DEFAULT_PRECISION = "bf16"
 # What precision="auto" means for a GGUF target on llama.cpp: "stored" runs the file as it
-# is; int8/fp16/bf16/fp32 re-quantise it once into the cache. Chosen by `tandem bench`
+# is; int8/fp16/bf16/fp32 re-quantise it once into the cache (`tandem tune` measures both). Chosen by `tandem bench`
 # on the development CPU (docs/BENCHMARKS.md).
 LLAMACPP_TARGET_PRECISION = "int8"
 

@@ -24,7 +24,10 @@ from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
 from transformers import AutoTokenizer
 
-from .config import CPU_DEFAULT_PRECISION, LLAMACPP_TARGET_PRECISION, CUDA_DEFAULT_PRECISION, DEMO_TARGET, DRAFT_CPU_DEFAULT_PRECISION, DRAFT_DEFAULT_PRECISION, ModelSpec
+from .config import (
+    CPU_DEFAULT_PRECISION, CUDA_DEFAULT_PRECISION, DEMO_TARGET, DRAFT_CPU_DEFAULT_PRECISION, DRAFT_DEFAULT_PRECISION,
+    LLAMACPP_TARGET_PRECISION, STORED, ModelSpec,
+)
 from .demo_model import demo_gguf_path
 from .errors import ModelLoadError
 from .model_files import check_model_files
@@ -201,7 +204,7 @@ def _load_with_llamacpp(spec: ModelSpec, gguf: Path, report: ProgressCallback, a
     original = gguf
     precision = spec.precision
     if precision == "auto":
-        precision = "stored" if as_draft else LLAMACPP_TARGET_PRECISION
+        precision = STORED if as_draft else LLAMACPP_TARGET_PRECISION
     folder = None if _gguf_path(spec) is not None else Path(spec.source).expanduser()
     tokenizer = _load_tokenizer(folder) if folder is not None else _gguf_tokenizer(original, report)
     vocabulary = ReducedVocabulary.load(folder)
@@ -324,6 +327,9 @@ def input_embedding_table(model) -> torch.Tensor:
 
 
 def resolve_precision(precision: str, device: torch.device, as_draft: bool = False) -> str:
+    if precision == STORED:
+        raise ModelLoadError("Precision \"stored\" runs a GGUF file as it is, on the llama.cpp runtime; "
+                             "this model runs on PyTorch. Choose the llama.cpp runtime, or another precision.")
     if precision != "auto":
         return precision
     if as_draft:

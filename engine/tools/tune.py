@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import methods
-from ..config import ConfigError, DecodeSettings, PairConfig
+from ..config import STORED, ConfigError, DecodeSettings, PairConfig
 from ..errors import TandemError
 from ..runtime.device import OUT_OF_MEMORY_ERRORS
 from ..runtime_choice import RuntimeChoice, runtime_label, save_choice
@@ -76,11 +76,25 @@ def default_candidates(config: PairConfig) -> list[Candidate]:
     from ..runtime.device import resolve_device
 
     found = [Candidate("torch", "auto")]
-    if runtime_gguf(config.target, "auto") is not None:
+    gguf = runtime_gguf(config.target, "auto")
+    if gguf is not None:
         found.insert(0, Candidate("llama.cpp", "auto"))
+        if _stored_below_8_bits(gguf):  # as it is, besides its Q8_0 copy
+            found.insert(1, Candidate("llama.cpp", STORED))
     if resolve_device(config.target.device).type == "cuda":
         found.append(Candidate("torch", "bf16"))
     return found
+
+
+def _stored_below_8_bits(gguf: Path) -> bool:
+    """Whether a GGUF file holds weights of fewer bits than Q8_0 (Q4_K_M, Q5_K_S, IQ4_XS…)."""
+    from ..discovery.gguf_header import UnreadableGGUF, read_gguf_header
+
+    try:
+        file_type = read_gguf_header(gguf).file_type
+    except (OSError, UnreadableGGUF):
+        return False
+    return file_type not in ("", "Q8_0", "F16", "BF16", "F32")
 
 
 def predicted_tokens_per_s(result: MethodResult, written_on: CostTable, table: CostTable) -> float:

@@ -6,6 +6,8 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
+from gguf import LlamaFileType
 
 from engine.config import ConfigError, DecodeSettings, ModelSpec, PairConfig
 from engine.errors import ModelLoadError
@@ -14,7 +16,9 @@ from engine.session import load_pair
 from engine.stats import GenerationStats
 from engine.tools.bench import MethodResult, RunRecord
 from engine.tools.costs import CostTable
-from engine.tools.tune import Candidate, choose, predicted_tokens_per_s, tune
+from engine.models import resolve_precision
+from engine.tools.tune import Candidate, choose, default_candidates, predicted_tokens_per_s, tune
+from tests.engine.discovery.fake_machine import write_gguf
 from tests.engine.tiny_models import tiny_gguf, tiny_llama
 
 CHOICE = RuntimeChoice("torch", "fp32", "tree", 50.0, "2026-11-26", {"llama.cpp": 40.0, "torch fp32": 50.0})
@@ -244,3 +248,18 @@ def test_the_demo_pair_loads_on_torch_before_any_measurement_where_the_native_fo
     assert placement(dataclasses.replace(demo, runtime="llama.cpp"), None).target_runtime == "llama.cpp"
     other = dataclasses.replace(demo, target=ModelSpec("/models/some.gguf"))
     assert placement(other, None).target_runtime == "auto"
+
+
+@pytest.mark.parametrize("file_type, offered", [(LlamaFileType.MOSTLY_Q4_K_M, True), (LlamaFileType.MOSTLY_Q8_0, False)])
+def test_a_gguf_target_below_8_bits_is_also_measured_as_it_is_stored(tmp_path, file_type, offered):
+    pytest.importorskip("llama_cpp")
+    target = write_gguf(tmp_path / "model.gguf", file_type=file_type)
+    labels = [candidate.label for candidate in default_candidates(PairConfig("p", ModelSpec(str(target))))]
+    assert ("llama.cpp stored" in labels) == offered
+    assert labels[0] == "llama.cpp" and "torch" in labels
+
+
+def test_stored_precision_is_refused_clearly_where_torch_runs_the_model():
+    with pytest.raises(ModelLoadError, match="runs a GGUF file as it is, on the llama.cpp runtime"):
+        resolve_precision("stored", torch.device("cpu"))
+    assert Candidate.parse("llama.cpp:stored") == Candidate("llama.cpp", "stored")
