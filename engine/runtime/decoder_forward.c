@@ -195,10 +195,9 @@ static void score_block(const Attention *a, int64_t g, int64_t r, const float *k
         block = padded;
     }
     for (int64_t i = 0; i < a->n; i++) {
-        RowSpan span = range_of(a, i, r);
-        uint32_t bits = 0; /* lane t: whether the token sees row s + t */
-        for (int64_t t = 0; t < rows; t++) bits |= (uint32_t)sees(a, i, span, s + t) << t;
-        lanes_mask seen = v_mask_of_bits(bits);
+        RowSpan span = range_of(a, i, r); /* its range's rows from s: lanes first..last-1 */
+        int64_t first = span.first > s ? span.first - s : 0, last = span.past - s < rows ? span.past - s : rows;
+        lanes_mask seen = v_seen_lanes(a->visible + i * a->visible_stride + s, rows, first, last);
         for (int64_t h = 0; h < a->groups; h++) {
             int64_t q = i * a->groups + h;
             vec dots = v_mul(v_dot_rows(query_of(a, i, g, h), block, dim), v_set(a->d->attention_scale));

@@ -13,7 +13,8 @@
  *   second survives a clamp;
  * - v_fmadd(a, b, c) is a * b + c, fused where the ISA fuses it; the portable build rounds
  *   twice (-ffp-contract=off), as Cephes' own C code does.
- * Masks of lanes are made from bits (lane t: bit t), the portable build's mask is its one bit.
+ * v_seen_lanes gives the lanes of a block of key rows a token sees: lane t where t < rows,
+ * first <= t < last and seen[t] is not 0 (its bytes past `rows` are not read).
  */
 #ifndef TANDEM_SIMD_H
 #define TANDEM_SIMD_H
@@ -52,7 +53,11 @@ static inline vec v_round(vec x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_
 /* p * 2^n for whole n, rounded once (below the normal range too) */
 static inline vec v_times_power_of_two(vec p, vec n) { return _mm512_scalef_ps(p, n); }
 static inline lanes_mask v_less(vec a, vec b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
-static inline lanes_mask v_mask_of_bits(uint32_t bits) { return (lanes_mask)bits; }
+static inline lanes_mask v_seen_lanes(const uint8_t *seen, int64_t rows, int64_t first, int64_t last) {
+    uint32_t mine = last > first ? ((1u << last) - 1) & ~((1u << first) - 1) : 0;
+    lanes_mask in = v_first_lanes(rows);
+    return _mm_mask_cmpneq_epi8_mask(in & (lanes_mask)mine, _mm_maskz_loadu_epi8(in, seen), _mm_setzero_si128());
+}
 static inline vec v_select(lanes_mask where, vec chosen, vec otherwise) { return _mm512_mask_blend_ps(where, otherwise, chosen); }
 static inline float v_largest(vec x) { return _mm512_reduce_max_ps(x); }
 
@@ -115,9 +120,11 @@ static inline vec v_times_power_of_two(vec p, vec n) {
     return _mm256_mul_ps(_mm256_mul_ps(p, first), second); /* a NaN's p is NaN: so is this */
 }
 static inline lanes_mask v_less(vec a, vec b) { return _mm256_cmp_ps(a, b, _CMP_LT_OQ); }
-static inline lanes_mask v_mask_of_bits(uint32_t bits) {
+static inline lanes_mask v_seen_lanes(const uint8_t *seen, int64_t rows, int64_t first, int64_t last) {
+    int bits = 0;
+    for (int64_t t = 0; t < rows; t++) bits |= (seen[t] && t >= first && t < last) << t;
     __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-    return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)bits), lane_bits), lane_bits));
+    return _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(bits), lane_bits), lane_bits));
 }
 static inline vec v_select(lanes_mask where, vec chosen, vec otherwise) { return _mm256_blendv_ps(otherwise, chosen, where); }
 /* the largest lane, a NaN lane passed over */
@@ -171,7 +178,9 @@ static inline vec v_max(vec a, vec b) { return a > b ? a : b; }
 static inline vec v_round(vec x) { return nearbyintf(x); } /* half to even, in the default rounding mode */
 static inline vec v_times_power_of_two(vec p, vec n) { return isnan(n) ? n : ldexpf(p, (int)n); }
 static inline lanes_mask v_less(vec a, vec b) { return a < b; }
-static inline lanes_mask v_mask_of_bits(uint32_t bits) { return (int)(bits & 1u); }
+static inline lanes_mask v_seen_lanes(const uint8_t *seen, int64_t rows, int64_t first, int64_t last) {
+    return rows > 0 && first <= 0 && last > 0 && seen[0];
+}
 static inline vec v_select(lanes_mask where, vec chosen, vec otherwise) { return where ? chosen : otherwise; }
 static inline float v_largest(vec x) { return x; }
 
