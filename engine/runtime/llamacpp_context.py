@@ -101,30 +101,59 @@ def load_weights(path: Path, use_gpu: bool) -> LlamaCppWeights:
     )
 
 
+@dataclass(frozen=True)
+class Attention:
+    """How a llama.cpp context computes attention: the kernel, and the type its KV cache
+    stores keys and values in (None: llama.cpp's default, F16)."""
+
+    kernel: int  # a LLAMA_FLASH_ATTN_TYPE_*
+    cache_type: int | None = None  # a GGML_TYPE_*
+
+
 def attention_kernel(weights: LlamaCppWeights) -> int:
-    """llama.cpp's flash-attention setting for a context over `weights`: off where the model
-    runs on the CPU, llama.cpp's own choice where its layers are on a GPU.
+    """The fastest flash-attention setting for a context over `weights` that verifies
+    nothing (the distillation batch writer): off where the model runs on the CPU, llama.cpp's
+    own choice where its layers are on a GPU. A context that verifies drafts uses
+    `verifying_attention`.
 
     Why: llama.cpp's default (auto) picks flash attention, and its CPU kernel costs more per
     token and per token of context than the plain one. On the 2-core development CPU (demo
     target, Q8_0, 8192-token context; docs/BENCHMARKS.md, "llama.cpp's attention on the CPU")
     a step after 300 tokens of context costs 20.0 ms with it and 14.5 without, after 3,584
-    tokens 64.9 against 25.3, and an 8-token verify 58.9 against 35.7 and 396 against 71: a
-    verify near a step's price is what speculation needs. Reading a long prompt is ~10% faster
-    with it, which a reply's decoding outweighs. llama-cpp-python's `Llama` runs without it too.
-
-    What it costs: with flash attention a token verified in a batch got the logits it gets
-    stepped alone, rejected tokens cropped or not, while the context stayed under ~256 tokens
-    (beyond that, up to ~1.0 apart at Q8_0); the plain kernel never does (0.3-1.0). So a
-    greedy `chain` reply in a short conversation can now part from plain decoding's at a
-    near-tie, as tree replies and longer conversations could already. The verifier stays exact
-    (the F32-GGUF tests), and `auto`, which runs plain decoding where drafting does not pay,
-    wrote `ar`'s replies in every run measured.
+    tokens 64.9 against 25.3, and an 8-token verify 58.9 against 35.7 and 396 against 71.
+    Reading a long prompt is ~10% faster with it.
     """
     llama_cpp = library()
     return llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if weights.gpu_layers else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
 
 
+def verifying_attention(weights: LlamaCppWeights) -> Attention:
+    """The attention of a context that verifies drafts over `weights`: on the CPU, flash
+    attention over an 8-bit (Q8_0) KV cache, so that a token verified in a batch gets, bit
+    for bit, the logits plain decoding's single-token step gives it; on a GPU, llama.cpp's
+    own choice.
+
+    Why: greedy speculation must write plain decoding's reply, and a 135M model meets
+    near-ties (a top-2 logit gap under 1) every few dozen tokens. llama.cpp's CPU kernels
+    round differently by the number of tokens in a decode:
+    - the plain kernel from the first token (0.3-0.9 apart at Q8_0): greedy `chain` replies
+      to the held-out prompts equalled `ar`'s in 1 of 10;
+    - flash attention over an F16 or F32 cache once the context passes 256 cells, where a
+      single token's attention is split across threads and merged (0.8 apart);
+    - flash attention over a Q8_0 cache takes neither path (llama.cpp splits and tiles only
+      F16/F32 caches): bit-equal at every length and thread count measured, and `chain`
+      equalled `ar` in 10 of 10.
+    What it costs (docs/BENCHMARKS.md, "Greedy speculation on llama.cpp against plain
+    decoding"): at chat lengths (~300 tokens) a step and a short verify cost about what the
+    plain kernel's do; at ~1,500 tokens of context flash attention's per-cell loop costs
+    more, so long conversations decode slower than with the plain kernel. The Q8_0 cache
+    also rounds the keys and values themselves, for `ar` as for every method (llama.cpp's
+    usual near-lossless setting).
+    """
+    llama_cpp = library()
+    if weights.gpu_layers:
+        return Attention(llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO)
+    return Attention(llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED, llama_cpp.GGML_TYPE_Q8_0)
 
 
 @dataclass
@@ -173,7 +202,10 @@ class LlamaCppContext:
         self._thread_budget = None if threads or chosen_threads() else ThreadBudget(physical_cores())
         self.threads = params.n_threads  # the threads the next decode runs on
         params.no_perf = True
-        params.flash_attn_type = attention_kernel(weights)
+        attention = verifying_attention(weights)
+        params.flash_attn_type = attention.kernel
+        if attention.cache_type is not None:
+            params.type_k = params.type_v = attention.cache_type
         # With embeddings on and no pooling, each decode also returns every output token's
         # final-norm hidden state beside its logits (what learned verifier heads read).
         params.embeddings = hidden_states
