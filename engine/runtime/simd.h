@@ -2,8 +2,8 @@
  * kernel is built for: AVX-512 (16 lanes), AVX2 with FMA (8 lanes) and plain C (1 lane, the
  * portable build). Which set is compiled follows the build's flags (kernel_build.py).
  *
- * Why: the forward's softmax, weighted values and e^x had been written once per ISA, and a fix
- * landed in one copy only. Written once over these, each ISA's code is what its old copy was,
+ * Why: the forward's softmax, weighted values and e^x had been written once per ISA, so a fix
+ * had to land in every copy. Written once over these, each ISA's code is what its old copy was,
  * operation for operation (the AVX-512 build's logits are the same bits as before the helpers).
  * As llamafile's tinyBLAS does it: small per-ISA loads, stores, multiply-adds and horizontal
  * steps, and every kernel above them written once.
