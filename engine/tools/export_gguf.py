@@ -112,11 +112,12 @@ def export_gguf(
         full_vocabulary = read_vocabulary(folder, reduced.full_size if reduced else embedding_rows)
         rows = None  # (input, output) rows over the target's vocabulary, for a draft paired with one
         if draft_for is not None:
-            vocabulary = TargetTokenizer.read(draft_for)
-            vocabulary.check_matches(full_vocabulary, folder)
+            target_tokenizer = TargetTokenizer.read(draft_for)
+            target_tokenizer.check_matches(full_vocabulary, folder)
             embedding = weights.get("model.embed_tokens.weight")
-            rows = vocabulary_rows(embedding, embedding if tied else weights.get("lm_head.weight"), reduced, vocabulary.size)
-            vocab_size = vocabulary.size
+            output = embedding if tied else weights.get("lm_head.weight")
+            rows = vocabulary_rows(embedding, output, reduced, target_tokenizer.size)
+            vocabulary, vocab_size = target_tokenizer, target_tokenizer.size
         elif reduced is None:
             vocabulary, vocab_size = full_vocabulary, embedding_rows
         else:
@@ -334,7 +335,6 @@ def add_export_gguf_command(subparsers: Any) -> None:
     parser.set_defaults(run=run_export_gguf)
 
 
-
 def run_export_gguf(args: argparse.Namespace) -> int:
     target = None
     if args.draft_for is not None:
@@ -352,6 +352,8 @@ def _report_pairing(target: Path, draft: Path) -> int:
         refusals = speculation_refusals(target, draft)
     except ImportError:
         refusals = None
+    except ValueError as error:  # this llama.cpp cannot load one of the files
+        refusals = [str(error)]
     if refusals:
         print(f"llama.cpp would refuse it as the draft of {target}: {refusals[0]}", file=sys.stderr)
         return 1
