@@ -29,6 +29,7 @@ COMMITTED = 0  # the sequence that holds the committed context
 # are at most 128 drafted nodes (config.DecodeSettings), so at most 128 leaves.
 SEQUENCES = 130
 BATCH_TOKENS = 512  # tokens per llama_decode call; a longer prompt is fed in pieces
+Q8_0_BLOCK = 32  # values per Q8_0 block: a Q8_0 KV cache needs heads a whole number of blocks wide
 
 
 @dataclass
@@ -153,6 +154,9 @@ def verifying_attention(weights: LlamaCppWeights) -> Attention:
     llama_cpp = library()
     if weights.gpu_layers:
         return Attention(llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO)
+    head_size = llama_cpp.llama_model_n_embd(weights.handle) // llama_cpp.llama_model_n_head(weights.handle)
+    if head_size % Q8_0_BLOCK:  # llama.cpp cannot make such a cache: F16, bit-equal to 256 cells
+        return Attention(llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED)
     return Attention(llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED, llama_cpp.GGML_TYPE_Q8_0)
 
 
