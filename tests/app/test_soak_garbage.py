@@ -58,7 +58,9 @@ def test_sound_replies_are_scored_and_pass(qtbot, tmp_path, make_word_tokenizer)
     scores = [reply.score for reply in report.replies]
     assert all(score["tokens"] == 12 and score["nll_per_token"] is not None for score in scores)
     assert len({round(score["nll_per_token"], 6) for score in scores}) == 1  # greedy: the same reply every time
-    assert all(score["cache_problem"] is None and set(score["cache_gaps"]) == {"target", "draft"} for score in scores)
+    assert all(score["cache_problem"] is None and "target" in score["cache_gaps"] for score in scores)
+    # The draft's cache is checked where it holds something: always after a reply that drafted with it
+    assert all("draft" in reply.score["cache_gaps"] for reply in report.replies if reply.method in ("chain", "tree", "staged"))
     assert max(gap for score in scores for gap in score["cache_gaps"].values()) < 1e-3
     garbage = report.to_dict()["garbage"]
     plain = [reply for reply in report.replies if reply.method == "ar"]
