@@ -124,37 +124,45 @@ static void silu_times(const float *gate, const float *up, int64_t width, float 
  * row is loaded once for all of them and the heads' multiply-adds overlap (one head at a time
  * waited on its own sums' latency). Each head's sum runs over the rows in the same order
  * whatever `heads` is. values: row s at values + s * dim; weights[h][s]: head h's weight of
- * row s. */
+ * row s. totals[h]: the sum of head h's weights over the rows it sees, one row after another
+ * (sum_weights' order), beside the weighted rows: alone, that sum's chain of adds had been as
+ * slow as all the weighing. */
 static inline __attribute__((always_inline)) void weigh_values(const float *values, int64_t dim, const uint8_t *seen,
                                                                const float *const *weights, int heads, int64_t begin,
-                                                               int64_t end, float *const *out) {
+                                                               int64_t end, float *const *out, float *totals) {
     vec sum[HEADS_AT_ONCE][VALUE_VECTORS];
-    for (int h = 0; h < heads; h++)
+    float total[HEADS_AT_ONCE];
+    for (int h = 0; h < heads; h++) {
+        total[h] = 0.0f;
         for (int c = 0; c < VALUE_VECTORS; c++) sum[h][c] = v_zero();
+    }
     for (int64_t s = begin; s < end; s++) {
         if (!seen[s]) continue;
         const float *value = values + s * dim;
         vec columns[VALUE_VECTORS];
         for (int c = 0; c < VALUE_VECTORS; c++) columns[c] = v_load(value + LANES * c);
         for (int h = 0; h < heads; h++) {
+            total[h] += weights[h][s];
             vec weight = v_set(weights[h][s]);
             for (int c = 0; c < VALUE_VECTORS; c++) sum[h][c] = v_fmadd(weight, columns[c], sum[h][c]);
         }
     }
-    for (int h = 0; h < heads; h++)
+    for (int h = 0; h < heads; h++) {
+        totals[h] = total[h];
         for (int c = 0; c < VALUE_VECTORS; c++) v_store(out[h] + LANES * c, sum[h][c]);
+    }
 }
 
 /* weigh_values with a constant count of heads in each call: their sums stay in registers. */
 static void weigh_heads(const float *values, int64_t dim, const uint8_t *seen, const float *const *weights, int heads,
-                        int64_t begin, int64_t end, float *const *out) {
+                        int64_t begin, int64_t end, float *const *out, float *totals) {
     switch (heads) {
 #if HEADS_AT_ONCE >= 4
-    case 4: weigh_values(values, dim, seen, weights, 4, begin, end, out); break;
-    case 3: weigh_values(values, dim, seen, weights, 3, begin, end, out); break;
+    case 4: weigh_values(values, dim, seen, weights, 4, begin, end, out, totals); break;
+    case 3: weigh_values(values, dim, seen, weights, 3, begin, end, out, totals); break;
 #endif
-    case 2: weigh_values(values, dim, seen, weights, 2, begin, end, out); break;
-    default: weigh_values(values, dim, seen, weights, 1, begin, end, out); break;
+    case 2: weigh_values(values, dim, seen, weights, 2, begin, end, out, totals); break;
+    default: weigh_values(values, dim, seen, weights, 1, begin, end, out, totals); break;
     }
 }
 
@@ -179,6 +187,25 @@ static inline const float *query_of(const Attention *a, int64_t i, int64_t g, in
     return a->qkv + i * a->qkv_width + (g * a->groups + h) * a->d->head_dim;
 }
 
+/* v_dot_rows_heads with a constant count of heads, and the demo's head width, in each call:
+ * the queries and their sums stay in registers. */
+static void dot_heads(const float *const *queries, int heads, const float *block, int64_t dim, vec *out) {
+#if SCORE_HEADS >= 3
+    if (dim == 64) {
+        switch (heads) {
+        case 3: v_dot_rows_heads(queries, 3, block, 64, out); return;
+        case 2: v_dot_rows_heads(queries, 2, block, 64, out); return;
+        default: v_dot_rows_heads(queries, 1, block, 64, out); return;
+        }
+    }
+    switch (heads) {
+    case 3: v_dot_rows_heads(queries, 3, block, dim, out); return;
+    case 2: v_dot_rows_heads(queries, 2, block, dim, out); return;
+    }
+#endif
+    v_dot_rows_heads(queries, heads, block, dim, out);
+}
+
 /* The scores of the LANES key rows from s (range r, rows begin..end-1) for every token and
  * query head of group g, into scores (per query, count = end - begin of them) and the
  * queries' largest: the block stays in L1 across the queries, and each query's LANES dot
@@ -198,13 +225,19 @@ static void score_block(const Attention *a, int64_t g, int64_t r, const float *k
         RowSpan span = range_of(a, i, r); /* its range's rows from s: lanes first..last-1 */
         int64_t first = span.first > s ? span.first - s : 0, last = span.past - s < rows ? span.past - s : rows;
         lanes_mask seen = v_seen_lanes(a->visible + i * a->visible_stride + s, rows, first, last);
-        for (int64_t h = 0; h < a->groups; h++) {
-            int64_t q = i * a->groups + h;
-            vec dots = v_mul(v_dot_rows(query_of(a, i, g, h), block, dim), v_set(a->d->attention_scale));
-            dots = v_select(seen, dots, v_set(-INFINITY));
-            v_store_first(scores + q * count + s - begin, rows, dots);
-            float top = v_largest(dots);
-            if (top > largest[q]) largest[q] = top;
+        for (int64_t h0 = 0; h0 < a->groups; h0 += SCORE_HEADS) {
+            int heads = a->groups - h0 < SCORE_HEADS ? (int)(a->groups - h0) : SCORE_HEADS;
+            const float *queries[SCORE_HEADS];
+            vec dots[SCORE_HEADS];
+            for (int h = 0; h < heads; h++) queries[h] = query_of(a, i, g, h0 + h);
+            dot_heads(queries, heads, block, dim, dots);
+            for (int h = 0; h < heads; h++) {
+                int64_t q = i * a->groups + h0 + h;
+                vec scaled = v_select(seen, v_mul(dots[h], v_set(a->d->attention_scale)), v_set(-INFINITY));
+                v_store_first(scores + q * count + s - begin, rows, scaled);
+                float top = v_largest(scaled);
+                if (top > largest[q]) largest[q] = top;
+            }
         }
     }
 }
@@ -232,12 +265,13 @@ static void score_row(const Attention *a, int64_t g, int64_t r, const float *key
     }
 }
 
-/* acc (per query, dim floats) += the range's value rows weighted by the queries' e^scores:
+/* acc (per query, dim floats) += the range's value rows weighted by the queries' e^scores, and
+ * total[q] their weights' sum where dim holds VALUE_COLUMNS (else sum_weights adds them up):
  * up to HEADS_AT_ONCE heads of a token at a time, VALUE_COLUMNS columns at a time (the range's
  * value rows, 32 KB at 64 columns, stay in L1 for the token's heads), then the columns past
  * those one row at a time. A head that sees nothing here keeps its zeros. */
 static void weigh_range(const Attention *a, int64_t r, const float *values, int64_t begin, int64_t end,
-                        const float *scores, const float *largest, float *acc) {
+                        const float *scores, const float *largest, float *acc, float *total) {
     int64_t dim = a->d->head_dim, groups = a->groups, count = end - begin, j0 = 0;
     for (; j0 + VALUE_COLUMNS <= dim; j0 += VALUE_COLUMNS)
         for (int64_t i = 0; i < a->n; i++) {
@@ -246,13 +280,15 @@ static void weigh_range(const Attention *a, int64_t r, const float *values, int6
             for (int64_t h0 = 0; h0 < groups; h0 += HEADS_AT_ONCE) {
                 int heads = groups - h0 < HEADS_AT_ONCE ? (int)(groups - h0) : HEADS_AT_ONCE;
                 const float *weights[HEADS_AT_ONCE];
-                float *out[HEADS_AT_ONCE], ignored[HEADS_AT_ONCE][VALUE_COLUMNS];
+                float *out[HEADS_AT_ONCE], ignored[HEADS_AT_ONCE][VALUE_COLUMNS], totals[HEADS_AT_ONCE];
                 for (int h = 0; h < heads; h++) {
                     int64_t q = i * groups + h0 + h;
                     weights[h] = scores + q * count - begin;
                     out[h] = largest[q] == -INFINITY ? ignored[h] : acc + q * dim + j0;
                 }
-                weigh_heads(values + a->first_row * dim + j0, dim, seen, weights, heads, span.first, span.past, out);
+                weigh_heads(values + a->first_row * dim + j0, dim, seen, weights, heads, span.first, span.past, out, totals);
+                if (j0 == 0) /* the later columns' passes sum the same weights again */
+                    for (int h = 0; h < heads; h++) total[i * groups + h0 + h] = totals[h];
             }
         }
     for (int64_t s = begin; s < end && j0 < dim; s++) {
@@ -306,8 +342,8 @@ static void attend_range(const Attention *a, int64_t g, int64_t r, const float *
     for (int64_t q = 0; q < queries; q++)
         if (largest[q] != -INFINITY) exp_shifted(scores + q * count, count, largest[q]); /* else it sees nothing here */
     /* 3. The weighted values, and the weights' sums. */
-    weigh_range(a, r, values, begin, end, scores, largest, acc);
-    sum_weights(a, r, scores, begin, end, total);
+    weigh_range(a, r, values, begin, end, scores, largest, acc, total);
+    if (a->d->head_dim < VALUE_COLUMNS) sum_weights(a, r, scores, begin, end, total);
 }
 
 /* The ranges' partial sums of query q of key/value head g (q: token q / groups, head
@@ -341,23 +377,25 @@ typedef struct {
     float *mixed, *update;
     /* Attention runs as kv_heads x ranges tasks over all the tokens (see RANGE_ROWS). Token i's
      * range r: cache rows bounds[i * (ranges + 1) + r] on, up to its range r + 1. Task r reads
-     * the range_rows[r] rows from range_first[r], where all the tokens' ranges r lie, and keeps
-     * its scores at scores_at[r] (times the tokens' heads) in its key/value head's share. The
-     * same for every layer: they follow from `visible` alone. In span mode (independent
-     * sequences, plan_spans) token i's ranges are its own: kv_heads x ranges tasks per token,
-     * scores_per_head RANGE_ROWS per range, and range_first, range_rows, scores_at unused. */
-    int64_t ranges, *bounds, *range_first, *range_rows, *scores_at, scores_per_head;
+     * the range_rows[r] rows from range_first[r], where all the tokens' ranges r lie. The same
+     * for every layer: they follow from `visible` alone. In span mode (independent sequences,
+     * plan_spans) token i's ranges are its own: kv_heads x ranges tasks per token, and
+     * range_first, range_rows unused. A task's scores live only while it runs: each thread
+     * keeps them in its own scores_per_thread floats of `scores`, reused task after task (one
+     * buffer for every task's scores had been 16 MB for a 64-token piece at 7,000 tokens, its
+     * pages faulted in anew by every call and its scores read back from memory). */
+    int64_t ranges, *bounds, *range_first, *range_rows, scores_per_thread;
     float *scores, *padded, *largest, *totals, *partial;
 } Work;
 
 static void work_free(Work *w) {
     free(w->state), free(w->normed), free(w->wide), free(w->mixed), free(w->update);
-    free(w->bounds), free(w->range_first), free(w->range_rows), free(w->scores_at);
+    free(w->bounds), free(w->range_first), free(w->range_rows);
     free(w->scores), free(w->padded), free(w->largest), free(w->totals), free(w->partial);
 }
 
 /* w's ranges for n tokens that see cache rows `visible` (n, visible_stride) of `slots`. */
-static int plan_ranges(Work *w, int64_t n, const uint8_t *visible, int64_t visible_stride, int64_t slots) {
+static int plan_ranges(Work *w, int64_t n, int64_t groups, const uint8_t *visible, int64_t visible_stride, int64_t slots) {
     int64_t most_seen = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t seen = 0;
@@ -369,8 +407,7 @@ static int plan_ranges(Work *w, int64_t n, const uint8_t *visible, int64_t visib
     w->bounds = malloc(sizeof(int64_t) * n * stride);
     w->range_first = malloc(sizeof(int64_t) * ranges);
     w->range_rows = malloc(sizeof(int64_t) * ranges);
-    w->scores_at = malloc(sizeof(int64_t) * ranges);
-    if (!w->bounds || !w->range_first || !w->range_rows || !w->scores_at) return TANDEM_NO_MEMORY;
+    if (!w->bounds || !w->range_first || !w->range_rows) return TANDEM_NO_MEMORY;
     for (int64_t i = 0; i < n; i++) {
         int64_t *bounds = w->bounds + i * stride, seen = 0, r = 0, past_last = 0;
         for (int64_t s = 0; s < slots; s++)
@@ -383,7 +420,7 @@ static int plan_ranges(Work *w, int64_t n, const uint8_t *visible, int64_t visib
          * the task's span over the rows after them); the ranges it sees nothing of are empty */
         while (r < stride) bounds[r++] = past_last;
     }
-    w->scores_per_head = 0;
+    int64_t widest = 0;
     for (int64_t r = 0; r < ranges; r++) {
         int64_t first = slots, last = 0;
         for (int64_t i = 0; i < n; i++) {
@@ -394,16 +431,16 @@ static int plan_ranges(Work *w, int64_t n, const uint8_t *visible, int64_t visib
         }
         w->range_first[r] = first < last ? first : 0;
         w->range_rows[r] = first < last ? last - first : 0;
-        w->scores_at[r] = w->scores_per_head;
-        w->scores_per_head += w->range_rows[r];
+        if (w->range_rows[r] > widest) widest = w->range_rows[r];
     }
+    w->scores_per_thread = n * groups * widest;
     return TANDEM_OK;
 }
 
 /* w's ranges for n tokens of which token i sees the span_rows[i] cache rows of its own span
  * (span mode): its range r is rows r * RANGE_ROWS on of that span, as a token that sees its
  * whole history in tandem_decoder_forward has them, so it gets the same bits. */
-static int plan_spans(Work *w, int64_t n, const int64_t *span_rows) {
+static int plan_spans(Work *w, int64_t n, int64_t groups, const int64_t *span_rows) {
     int64_t most_seen = 1;
     for (int64_t i = 0; i < n; i++)
         if (span_rows[i] > most_seen) most_seen = span_rows[i];
@@ -413,7 +450,7 @@ static int plan_spans(Work *w, int64_t n, const int64_t *span_rows) {
     if (!w->bounds) return TANDEM_NO_MEMORY;
     for (int64_t i = 0; i < n; i++)
         for (int64_t r = 0; r < stride; r++) w->bounds[i * stride + r] = r * RANGE_ROWS < span_rows[i] ? r * RANGE_ROWS : span_rows[i];
-    w->scores_per_head = ranges * RANGE_ROWS;
+    w->scores_per_thread = groups * RANGE_ROWS; /* a task: one token's group of heads over one range */
     return TANDEM_OK;
 }
 
@@ -424,7 +461,7 @@ static int work_alloc(Work *w, const TandemDecoder *d, int64_t n, const uint8_t 
     int64_t qkv_width = q_width + 2 * d->kv_heads * dim;
     int64_t widest = qkv_width > 2 * d->intermediate ? qkv_width : 2 * d->intermediate;
     memset(w, 0, sizeof(*w));
-    if (span_rows ? plan_spans(w, n, span_rows) : plan_ranges(w, n, visible, visible_stride, slots)) {
+    if (span_rows ? plan_spans(w, n, groups, span_rows) : plan_ranges(w, n, groups, visible, visible_stride, slots)) {
         work_free(w);
         return TANDEM_NO_MEMORY;
     }
@@ -434,7 +471,7 @@ static int work_alloc(Work *w, const TandemDecoder *d, int64_t n, const uint8_t 
     w->wide = malloc(sizeof(float) * n * widest);
     w->mixed = malloc(sizeof(float) * n * (q_width > d->intermediate ? q_width : d->intermediate));
     w->update = malloc(sizeof(float) * n * d->hidden);
-    w->scores = malloc(sizeof(float) * (d->kv_heads * n * groups * w->scores_per_head + 1));
+    w->scores = malloc(sizeof(float) * (threads * w->scores_per_thread + 1));
     w->padded = malloc(sizeof(float) * threads * LANES * dim); /* a block of key rows per thread (score_block) */
     w->largest = malloc(sizeof(float) * tasks * n * groups);
     w->totals = malloc(sizeof(float) * tasks * n * groups);
@@ -525,7 +562,7 @@ static void attend_spans(const TandemDecoder *d, const TandemLayer *layer, const
                 int64_t begin = own.bounds[r], end = own.bounds[r + 1], task = (i * d->kv_heads + g) * ranges + r;
                 if (begin == end) continue; /* past its span: merge_ranges stops before it */
                 attend_range(&own, g, r, layer->keys + g * d->cache_rows * dim, layer->values + g * d->cache_rows * dim,
-                             begin, end, w->scores + task * groups * RANGE_ROWS, w->largest + task * groups,
+                             begin, end, w->scores + omp_get_thread_num() * w->scores_per_thread, w->largest + task * groups,
                              w->totals + task * groups, w->partial + task * groups * dim,
                              w->padded + omp_get_thread_num() * LANES * dim);
             }
@@ -570,7 +607,7 @@ static int run_layer(const TandemDecoder *d, const TandemLayer *layer, int64_t n
             for (int64_t g = 0; g < d->kv_heads; g++)
                 for (int64_t r = 0; r < ranges; r++) {
                     int64_t task = g * ranges + r;
-                    float *scores = w->scores + queries * (g * w->scores_per_head + w->scores_at[r]);
+                    float *scores = w->scores + omp_get_thread_num() * w->scores_per_thread;
                     int64_t begin = w->range_first[r], end = begin + w->range_rows[r];
                     attend_range(&attention, g, r, layer->keys + g * d->cache_rows * dim,
                                  layer->values + g * d->cache_rows * dim, begin, end, scores, w->largest + task * queries,

@@ -28,6 +28,8 @@
 #define LANES 16
 /* weigh_values: query heads whose column sums stay in registers (4 x 4 vectors) */
 #define HEADS_AT_ONCE 4
+/* v_dot_rows_heads: query heads whose sums and queries stay in registers (3 x 4 + 3 x 5) */
+#define SCORE_HEADS 3
 typedef __m512 vec;
 typedef __mmask16 lanes_mask;
 
@@ -61,24 +63,60 @@ static inline lanes_mask v_seen_lanes(const uint8_t *seen, int64_t rows, int64_t
 static inline vec v_select(lanes_mask where, vec chosen, vec otherwise) { return _mm512_mask_blend_ps(where, otherwise, chosen); }
 static inline float v_largest(vec x) { return _mm512_reduce_max_ps(x); }
 
-/* Lane t: query . rows[t] over dim (a multiple of 16), rows `dim` floats apart. */
-static inline vec v_dot_rows(const float *query, const float *rows, int64_t dim) {
-    __m512 acc[16];
-    for (int t = 0; t < 16; t++) acc[t] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < dim; j += 16) {
-        __m512 x = _mm512_loadu_ps(query + j);
-        for (int t = 0; t < 16; t++) acc[t] = _mm512_fmadd_ps(x, _mm512_loadu_ps(rows + t * dim + j), acc[t]);
-    }
-    /* the int8 kernel's reduction tree (int8_matmul.c, sum_lanes_16), for floats */
-    __m512 pairs[8], quads[4];
-    for (int i = 0; i < 8; i++)
-        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * i], acc[2 * i + 1]), _mm512_unpackhi_ps(acc[2 * i], acc[2 * i + 1]));
-    for (int i = 0; i < 4; i++)
-        quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(pairs[2 * i]), _mm512_castps_pd(pairs[2 * i + 1]))),
-                                 _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(pairs[2 * i]), _mm512_castps_pd(pairs[2 * i + 1]))));
-    __m512 low = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x44), _mm512_shuffle_f32x4(quads[0], quads[1], 0xEE));
-    __m512 high = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x44), _mm512_shuffle_f32x4(quads[2], quads[3], 0xEE));
+/* The steps of v_dot_rows' reduction tree, the int8 kernel's (int8_matmul.c, sum_lanes_16) for
+ * floats: two vectors of sums into one of half as many sums, each lane added once. */
+static inline __attribute__((always_inline)) __m512 v_pair_sums(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+}
+static inline __attribute__((always_inline)) __m512 v_quad_sums(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b))));
+}
+static inline __attribute__((always_inline)) __m512 v_half_sums(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+}
+static inline __attribute__((always_inline)) __m512 v_last_sums(__m512 low, __m512 high) {
     return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
+}
+
+/* Query h . rows t and t + 1 (h < heads), over dim (a multiple of 16), summed lane by lane in
+ * order of j, then the first step of the tree. */
+static inline __attribute__((always_inline)) void v_dot_two_rows(const float *const *queries, int heads,
+                                                                 const float *rows, int64_t dim, int64_t t, __m512 *pair) {
+    __m512 first[SCORE_HEADS], second[SCORE_HEADS];
+    for (int h = 0; h < heads; h++) first[h] = second[h] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < dim; j += 16) {
+        __m512 one = _mm512_loadu_ps(rows + t * dim + j), other = _mm512_loadu_ps(rows + (t + 1) * dim + j);
+        for (int h = 0; h < heads; h++) {
+            __m512 x = _mm512_loadu_ps(queries[h] + j);
+            first[h] = _mm512_fmadd_ps(x, one, first[h]);
+            second[h] = _mm512_fmadd_ps(x, other, second[h]);
+        }
+    }
+    for (int h = 0; h < heads; h++) pair[h] = v_pair_sums(first[h], second[h]);
+}
+
+/* Lane t of out[h]: queries[h] . rows[t] over dim (a multiple of 16), rows `dim` floats apart,
+ * for `heads` (at most SCORE_HEADS) queries: each key row is loaded once for all of them (a
+ * prompt piece's queries had loaded every row once each), and each query's lanes are summed
+ * as they would be alone, the tree walked as its sums come in so that few stay in registers. */
+static inline __attribute__((always_inline)) void v_dot_eight_rows(const float *const *queries, int heads,
+                                                                   const float *rows, int64_t dim, int64_t t, __m512 *half) {
+    __m512 pair[2][SCORE_HEADS], quad[2][SCORE_HEADS];
+    for (int u = 0; u < 2; u++) {
+        v_dot_two_rows(queries, heads, rows, dim, t + 4 * u, pair[0]);
+        v_dot_two_rows(queries, heads, rows, dim, t + 4 * u + 2, pair[1]);
+        for (int h = 0; h < heads; h++) quad[u][h] = v_quad_sums(pair[0][h], pair[1][h]);
+    }
+    for (int h = 0; h < heads; h++) half[h] = v_half_sums(quad[0][h], quad[1][h]);
+}
+
+static inline __attribute__((always_inline)) void v_dot_rows_heads(const float *const *queries, int heads,
+                                                                   const float *rows, int64_t dim, vec *out) {
+    __m512 low[SCORE_HEADS], high[SCORE_HEADS];
+    v_dot_eight_rows(queries, heads, rows, dim, 0, low);
+    v_dot_eight_rows(queries, heads, rows, dim, 8, high);
+    for (int h = 0; h < heads; h++) out[h] = v_last_sums(low[h], high[h]);
 }
 
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -151,6 +189,7 @@ static inline vec v_dot_rows(const float *query, const float *rows, int64_t dim)
     /* low's 128-bit halves: rows 0-3's sums over lanes 0-3 and 4-7; high's, rows 4-7's */
     return _mm256_add_ps(_mm256_permute2f128_ps(low, high, 0x20), _mm256_permute2f128_ps(low, high, 0x31));
 }
+#define SCORE_HEADS 1
 
 #else /* the portable build: plain C, one lane (the compiler vectorises what it can) */
 
@@ -189,6 +228,14 @@ static inline vec v_dot_rows(const float *query, const float *rows, int64_t dim)
 #pragma omp simd reduction(+ : dot)
     for (int64_t j = 0; j < dim; j++) dot += query[j] * rows[j];
     return dot;
+}
+#define SCORE_HEADS 1
+#endif
+
+#if SCORE_HEADS == 1
+/* One query at a time where the ISA has no registers to spare for more. */
+static inline void v_dot_rows_heads(const float *const *queries, int heads, const float *rows, int64_t dim, vec *out) {
+    for (int h = 0; h < heads; h++) out[h] = v_dot_rows(queries[h], rows, dim);
 }
 #endif
 

@@ -59,7 +59,12 @@ MODELS = {
 
 def int8_model(kind: str, seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
-    model = MODELS[kind]().eval()
+    return quantised(MODELS[kind]())
+
+
+def quantised(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with random norms and biases and sharp logits, its weights in int8."""
+    model = model.eval()
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "norm" in name:
@@ -229,6 +234,28 @@ def test_a_verify_gives_each_token_the_bits_its_steps_give_it(kind, each_build):
     verified = verifying.forward(following, logits_wanted=len(following))
     stepped = torch.cat([stepping.forward([token]) for token in following])
     assert verifying.native is not None and torch.equal(verified, stepped)
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(9, 3), (8, 1), (7, 1)],
+                         ids=["3 heads a group (SmolLM2's)", "8 heads a group", "7 heads a group"])
+def test_a_long_prompt_read_in_pieces_gives_each_token_the_bits_its_step_gives_it(heads, kv_heads, each_build):
+    """A prompt is read in pieces of PROMPT_ROWS tokens, and a piece's queries are scored
+    together against each block of keys (on AVX-512 three heads' queries at once, in 3s and
+    then what is left of a group, with SmolLM2's heads of 64 floats): every token of a prompt
+    of 200 tokens (pieces across range borders, 128 rows) must still get the very logits its
+    own step gives it, and the torch forward's to float rounding."""
+    torch.manual_seed(14)
+    config = LlamaConfig(**{**SHAPE, "hidden_size": 8 * heads, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+                                 "head_dim": 64})
+    model = quantised(LlamaForCausalLM(config))
+    rng = random.Random(14)
+    prompt = [rng.randrange(VOCAB) for _ in range(200)]
+    reading, torch_only = pair_of_runtimes(model)
+    stepping = StaticTorchRuntime(model, torch.device("cpu"), 300)
+    read = reading.forward(prompt, logits_wanted=len(prompt))
+    stepped = torch.cat([stepping.forward([token]) for token in prompt])
+    assert stepping.native is not None and torch.equal(read, stepped)
+    assert_close(read, torch_only.forward(prompt, logits_wanted=len(prompt)))
 
 
 @pytest.mark.parametrize("start", [30, 120], ids=["below a range border", "across a range border"])

@@ -1,0 +1,82 @@
+"""Reading long prompts with the native forward: two builds of its C sources over the same
+loaded demo target, prompt by prompt in one process (issue 45, item 5).
+
+The C sources of a git revision (BEFORE) and the working tree's are built here with the
+runtime's flags, and the runtime's forward switches between them read by read, so the host's
+drift (other work on the 2 cores) moves both alike. Each prompt of N tokens is read from an
+empty cache the way the app reads one (in pieces of PROMPT_ROWS, only the last row's logits
+wanted); prints each build's median seconds and tokens per second over REPEATS reads.
+
+  .venv/bin/python docs/bench/prefill_native.py BEFORE [TOKENS ...]
+  .venv/bin/python docs/bench/prefill_native.py - [TOKENS ...]   # the working tree's build alone
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from engine.pairs import find_pair
+from engine.runtime import int8_kernel
+from engine.session import load_pair
+
+REPEATS = int(os.environ.get("REPEATS", "2"))
+
+
+def prompt_of(count: int) -> list[int]:
+    return [1000 + (i * 7) % 5000 for i in range(count)]
+
+
+def main() -> None:
+    before, counts = sys.argv[1], [int(count) for count in sys.argv[2:]] or [500, 2000, 4000, 7000]
+    pair = load_pair(dataclasses.replace(find_pair("demo"), draft=None, runtime="torch"), lambda message, fraction: None)
+    target = pair.target_runner
+    print(f"runtime: {target.name}, kernel: {int8_kernel.variant_name()}, pieces of {target.native.most_tokens}", flush=True)
+    variant = int8_kernel.chosen_variant()
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        libraries = {}
+        if before != "-":
+            old_sources = []
+            headers = [int8_kernel.DECODER_SOURCE.with_name(name) for name in ("simd.h", "tandem_abi.h")]
+            for source in (variant.source, int8_kernel.DECODER_SOURCE, *headers):
+                path = folder / source.name
+                tracked = source.resolve().relative_to(Path.cwd().resolve()).as_posix()  # run from the repository's root
+                path.write_bytes(subprocess.run(["git", "show", f"{before}:{tracked}"], capture_output=True, check=True).stdout)
+                old_sources.append(path)
+            libraries["before"] = int8_kernel.build_for_comparison(variant, folder / "before.so", tuple(old_sources[:2]))
+        libraries["after"] = int8_kernel.build_for_comparison(variant, folder / "after.so")
+
+        def read(prompt: list[int]) -> tuple[float, float]:
+            """Wall seconds and this process's CPU seconds (with TANDEM_THREADS=1, the work
+            alone, whatever else the cores run)."""
+            target.reset()
+            started, cpu = time.perf_counter(), time.process_time()
+            target.forward(prompt, logits_wanted=1)
+            return time.perf_counter() - started, time.process_time() - cpu
+
+        for count in counts:
+            prompt = prompt_of(count)
+            times: dict[str, list[float]] = {name: [] for name in libraries}
+            cpu: dict[str, list[float]] = {name: [] for name in libraries}
+            for repeat in range(REPEATS):
+                order = list(libraries.items()) if repeat % 2 == 0 else list(libraries.items())[::-1]
+                for name, library in order:
+                    target.native.library = library
+                    wall, used = read(prompt)
+                    times[name].append(wall)
+                    cpu[name].append(used)
+            print(f"{count:5d} tokens: " + ", ".join(
+                f"{name} {statistics.median(values):6.2f} s ({count / statistics.median(values):4.0f} tok/s; "
+                f"runs {' '.join(f'{value:.2f}' for value in values)}; CPU {statistics.median(cpu[name]):.2f} s)"
+                for name, values in times.items()), flush=True)
+    pair.close()
+
+
+if __name__ == "__main__":
+    main()
