@@ -1,6 +1,7 @@
 """llama.cpp's attention on the CPU: its flash-attention kernel (what llama.cpp chooses by
-default) against the plain one (what the llama.cpp runtime asks for on the CPU), over its
-default f16 KV cache, and the plain one over an f32 cache.
+default) against the plain one, over its default f16 KV cache, the plain one over an f32
+cache, and flash attention over a q8_0 cache (what the llama.cpp runtime asks for on the
+CPU: `llamacpp_context.verifying_attention`).
 
 Contexts of the runtime over the demo target as chats run it (Q8_0, the demo pair's
 8192-token context, 2 threads), one per setting. Each reads the same synthetic prompt in
@@ -9,7 +10,8 @@ Contexts of the runtime over the demo target as chats run it (Q8_0, the demo pai
 far a token's logits from chain-like verifies (5 tokens at a time, the rejected ones cropped,
 as `chain` does) are from the same tokens' logits stepped one at a time, after a 300-token
 context (0: greedy speculation writes exactly what plain decoding writes; flash attention
-gives 0 after a 60-token context and not after 300, the plain kernel never).
+over f16 gives 0 after a 60-token context and not after 300, the plain kernel never, flash
+attention over q8_0 always).
 
   .venv/bin/python docs/bench/llamacpp_attention.py
 """
@@ -33,23 +35,17 @@ REPEATS = 9
 
 
 @contextlib.contextmanager
-def attention(flash: bool, f32_cache: bool):
+def attention(flash: bool, cache_type: str):
     api = llamacpp_library.library()
-    defaults = api.llama_context_default_params
-
-    def params():
-        made = defaults()
-        if f32_cache:
-            made.type_k = made.type_v = api.GGML_TYPE_F32
-        return made
-
-    kernel = api.LLAMA_FLASH_ATTN_TYPE_AUTO if flash else api.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    with mock.patch.object(llamacpp_context, "attention_kernel", lambda _weights: kernel), \
-            mock.patch.object(api, "llama_context_default_params", params):
+    kernel = api.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else api.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    chosen = llamacpp_context.Attention(kernel, getattr(api, f"GGML_TYPE_{cache_type.upper()}"))
+    with mock.patch.object(llamacpp_context, "verifying_attention", lambda _weights: chosen):
         yield
 
 
-SETTINGS = {"flash, f16": (True, False), "plain, f16": (False, False), "plain, f32": (False, True)}
+SETTINGS = {
+    "flash, f16": (True, "f16"), "plain, f16": (False, "f16"), "plain, f32": (False, "f32"), "flash, q8_0": (True, "q8_0"),
+}
 
 
 def chain_drift(model: llamacpp.LlamaCppRuntime, stepped: llamacpp.LlamaCppRuntime, context: list[int]) -> float:
@@ -74,8 +70,8 @@ def main() -> None:
     path = llamacpp_library.quantised_copy(demo_gguf_path(), "int8")
     weights = llamacpp.load_weights(path, use_gpu=False)
     runtimes = {}
-    for name, (flash, f32_cache) in SETTINGS.items():
-        with attention(flash, f32_cache):
+    for name, (flash, cache_type) in SETTINGS.items():
+        with attention(flash, cache_type):
             runtimes[name] = llamacpp.LlamaCppRuntime(weights, 8192, threads=2)
     prompt = [(token * 7919) % 40000 + 100 for token in range(max(CONTEXTS))]
     reading = dict.fromkeys(runtimes, 0.0)
@@ -96,8 +92,8 @@ def main() -> None:
             print(f"{context:7d}  {setting:16s}" + "".join(f"{ms:8.1f}" for ms in medians) + f"   {medians[3] / medians[0]:5.2f}")
     for setting, seconds in reading.items():
         print(f"reading the {max(CONTEXTS)}-token prompt, {setting}: {seconds:.1f} s ({max(CONTEXTS) / seconds:.0f} tokens/s)")
-    for name, (flash, f32_cache) in SETTINGS.items():
-        with attention(flash, f32_cache):
+    for name, (flash, cache_type) in SETTINGS.items():
+        with attention(flash, cache_type):
             pair = [llamacpp.LlamaCppRuntime(weights, 8192, threads=2) for _ in range(2)]
         print(f"chain-like verifies against steps, {name}: largest logit difference {chain_drift(*pair, prompt[:300]):.4f}")
         for runtime in pair:

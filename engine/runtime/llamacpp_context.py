@@ -142,14 +142,15 @@ def verifying_attention(weights: LlamaCppWeights) -> Attention:
     - flash attention over an F16 or F32 cache once the context passes 256 cells, where a
       single token's attention is split across threads and merged (0.8 apart);
     - flash attention over a Q8_0 cache takes neither path (llama.cpp splits and tiles only
-      F16/F32 caches): bit-equal at every length and thread count measured, and `chain`
+      F16/F32 caches): bit-equal in every run measured (340 tokens on two threads), and `chain`
       equalled `ar` in 10 of 10.
     What it costs (docs/BENCHMARKS.md, "Greedy speculation on llama.cpp against plain
-    decoding"): at chat lengths (~300 tokens) a step and a short verify cost about what the
-    plain kernel's do; at ~1,500 tokens of context flash attention's per-cell loop costs
-    more, so long conversations decode slower than with the plain kernel. The Q8_0 cache
-    also rounds the keys and values themselves, for `ar` as for every method (llama.cpp's
-    usual near-lossless setting).
+    decoding"; 2-core EPYC, busy): at chat lengths (~300 tokens) a step and `chain`'s 5-token
+    verify cost what the plain kernel's do (45 against 51 ms, 182 against 171), and `ar`
+    wrote as many tokens a second; after 1,500 tokens flash attention's per-cell loop makes a
+    step 1.4x and a 5-token verify 1.7x dearer, so long conversations decode slower. The
+    Q8_0 cache rounds keys and values for `ar` as for every method (llama.cpp's usual
+    near-lossless setting) and holds them in about half the memory (peak 881 -> 786 MB).
     """
     llama_cpp = library()
     if weights.gpu_layers:
