@@ -15,7 +15,8 @@ off, as Tandem resets its caches before every timed reply. A reply's time is the
 wall-clock time on loopback: prompt reading included, as in Tandem's rows.
 
 The servers run side by side for the whole bench, so their rows interleave with Tandem's
-prompt by prompt: the weights are mapped from the same file, so they are shared, not copied.
+prompt by prompt: the weights are mapped from the same file, so they are shared, not copied,
+and their threads sleep while another row runs (`--poll 0`).
 """
 from __future__ import annotations
 
@@ -135,7 +136,9 @@ def server_arguments(method: str, target_gguf: Path, draft_gguf: Path | None, co
                      settings: DecodeSettings) -> list[str]:
     """The command-line arguments after host, port and slots that run `method`. At synthetic
     rates both speculative kinds keep drafts by them, as Tandem's methods do in that run."""
-    arguments = ["-m", str(target_gguf), "-c", str(context_length), "-t", str(threads), "-tb", str(threads)]
+    # --poll 0: its threads sleep between requests. By default they spin a while after each
+    # one, and on 2 cores that spinning took CPU from the Tandem rows interleaved with it.
+    arguments = ["-m", str(target_gguf), "-c", str(context_length), "-t", str(threads), "-tb", str(threads), "--poll", "0"]
     rates = settings.synthetic_acceptance
     if method == PLAIN:
         return arguments

@@ -87,7 +87,7 @@ def test_each_row_starts_the_server_with_its_own_kind_of_decoding():
     settings = DecodeSettings(draft_tokens=5)
     target, draft = Path("t.gguf"), Path("d.gguf")
     plain = llama_server.server_arguments(llama_server.PLAIN, target, None, 2048, 3, settings)
-    assert plain == ["-m", "t.gguf", "-c", "2048", "-t", "3", "-tb", "3"]
+    assert plain == ["-m", "t.gguf", "-c", "2048", "-t", "3", "-tb", "3", "--poll", "0"]  # no spinning beside other rows
     ngram = llama_server.server_arguments(llama_server.NGRAM, target, None, 2048, 3, settings)
     assert ngram[-2:] == ["--spec-type", "ngram-mod"]
     drafted = llama_server.server_arguments(llama_server.DRAFT, target, draft, 2048, 3, settings)
