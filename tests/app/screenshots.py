@@ -14,7 +14,7 @@ About, export, the token-limit notice, a pair that failed to load, the dark them
 `compile` (issue 21, over the fake engine: a torch pair compiling in the background, then
 compiled, and the pair picker's compile setting), `found-models` (issue 48, over the fake
 engine: the pair picker listing models found in fake LM Studio, Ollama, Hugging Face, GPT4All
-and Jan folders, and a found target's drafts, EAGLE-3 head and methods), `long-message` (issue
+and Jan folders, a found target's drafts, EAGLE-3 head and methods, and its GGUF run as stored), `long-message` (issue
 45, over the fake engine: a long message's reading time said before it is sent, and the time
 left while it is read), `local-server` (issue 48, over the fake engine and a stand-in server:
 Settings → Local server switched on, and the status bar serving, then stopped on a taken port).
@@ -521,6 +521,11 @@ def found_models(app: QApplication, home: Path) -> None:
         picker.drafts.setCurrentRow(1)
         app.processEvents()
         save(picker, "pair-picker-found-drafts.png")
+        # a found GGUF target run as its file holds it (issue 47: a Q4_K_M file stays Q4_K_M)
+        picker.precision.setCurrentIndex(picker.precision.findData("stored"))
+        picker.runtime.setCurrentIndex(picker.runtime.findData("llama.cpp"))
+        app.processEvents()
+        save(picker, "pair-picker-stored-precision.png")
         picker.reject()
     finally:
         window.close()
