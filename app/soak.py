@@ -125,7 +125,7 @@ class ReplyRecord:
     seconds: float = 0.0
     rss_mb: float = 0.0  # the process's resident memory right after the reply
     os_threads: int = 0  # the process's threads right after the reply (native ones included)
-    score: dict | None = None  # engine.reply_score.ReplyScore.to_dict(), with `score_replies`
+    score: dict | None = None  # engine.tools.reply_score.ReplyScore.to_dict(), with `score_replies`
     rounds_by_method: dict[str, int] = dataclasses.field(default_factory=dict)  # `auto`'s rounds, by the method that ran each
 
     @property

@@ -1,4 +1,4 @@
-"""`tandem soak --score-replies`: every reply judged by its target (engine/reply_score.py), on
+"""`tandem soak --score-replies`: every reply judged by its target (engine/tools/reply_score.py), on
 the engine thread, right after it ends; then the garbage check over all of them.
 
 The engine is wrapped, not changed: its pairs' replies run as in the window, and each one's
@@ -51,7 +51,7 @@ class ScoringPair:
     """A loaded pair whose generations carry their reply's score."""
 
     def __init__(self, pair: Any):
-        from engine.reply_score import ReplyChecker  # on the engine thread, where torch is loaded
+        from engine.tools.reply_score import ReplyChecker  # on the engine thread, where torch is loaded
 
         self._pair = pair
         self._checker = ReplyChecker(pair)

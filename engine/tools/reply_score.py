@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from .chat_prompt import Message, build_prompt
-from .config import DecodeSettings
-from .events import Finished
-from .runtime import ModelRuntime
-from .tools.quality import target_nll
+from ..chat_prompt import Message, build_prompt
+from ..config import DecodeSettings
+from ..events import Finished
+from ..runtime import ModelRuntime
+from .quality import target_nll
 
 
 @dataclass(frozen=True)
