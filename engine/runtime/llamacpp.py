@@ -18,8 +18,8 @@ from .base import ModelRuntime
 from .llamacpp_context import (  # noqa: F401  (load_weights: the name the engine loads GGUF files by)
     DecodeOutputs,
     LlamaCppWeights,
-    attention_kernel,
     load_weights,
+    verifying_attention,
 )
 
 if TYPE_CHECKING:

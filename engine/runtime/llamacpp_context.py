@@ -111,23 +111,6 @@ class Attention:
     cache_type: int | None = None  # a GGML_TYPE_*
 
 
-def attention_kernel(weights: LlamaCppWeights) -> int:
-    """The fastest flash-attention setting for a context over `weights` that verifies
-    nothing (the distillation batch writer): off where the model runs on the CPU, llama.cpp's
-    own choice where its layers are on a GPU. A context that verifies drafts uses
-    `verifying_attention`.
-
-    Why: llama.cpp's default (auto) picks flash attention, and its CPU kernel costs more per
-    token and per token of context than the plain one. On the 2-core development CPU (demo
-    target, Q8_0, 8192-token context; docs/BENCHMARKS.md, "llama.cpp's attention on the CPU")
-    a step after 300 tokens of context costs 20.0 ms with it and 14.5 without, after 3,584
-    tokens 64.9 against 25.3, and an 8-token verify 58.9 against 35.7 and 396 against 71.
-    Reading a long prompt is ~10% faster with it.
-    """
-    llama_cpp = library()
-    return llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO if weights.gpu_layers else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
-
-
 def verifying_attention(weights: LlamaCppWeights) -> Attention:
     """The attention of a context that verifies drafts over `weights`: on the CPU, flash
     attention over an 8-bit (Q8_0) KV cache, so that a token verified in a batch gets, bit

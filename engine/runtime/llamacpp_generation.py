@@ -17,21 +17,25 @@ class PlainGeneration:
 
     def __init__(
         self, gguf: str, context_length: int, threads: int, gpu_layers: int, sampling: dict, seed: int,
-        flash_attention: bool = False,
+        runtime_attention: bool = False,
     ):
+        """`runtime_attention`: the attention Tandem's llama.cpp runtime verifies with
+        (llamacpp_context.verifying_attention: flash attention, over a Q8_0 cache on the CPU),
+        else llama-cpp-python's defaults (plain attention, an F16 cache)."""
         try:
-            from llama_cpp import Llama
+            from llama_cpp import GGML_TYPE_Q8_0, Llama
         except ImportError as error:
             raise ConfigError(
                 "llamacpp-ar needs llama-cpp-python: pip install llama-cpp-python (it compiles, ~5 minutes)"
             ) from error
         self.sampling = dict(sampling)
         with _plain_buffers_where_repacking_crashes():
+            cache = {"type_k": GGML_TYPE_Q8_0, "type_v": GGML_TYPE_Q8_0} if runtime_attention and not gpu_layers else {}
             self.llm = Llama(
                 model_path=gguf, n_ctx=context_length, n_threads=threads,
                 n_gpu_layers=gpu_layers,  # on the GPU exactly when Tandem's target is
-                flash_attn=flash_attention,  # llama-cpp-python's default is off
-                seed=seed, verbose=False,
+                flash_attn=runtime_attention,  # llama-cpp-python's default is off
+                seed=seed, verbose=False, **cache,
             )
 
     def generate(self, prompt: str, max_new_tokens: int) -> tuple[int, ...]:

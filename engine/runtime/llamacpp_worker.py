@@ -14,7 +14,7 @@ as ("error", kind, message)):
     ("open", id, length, threads, hidden_states, feature_layers) -> ("opened", width, threads)
     ("run", id, new_ids, parents, positions, logits_wanted, buffer_size) -> ("ran", threads)
     ("keep", id, prefix, extra_slots) / ("clear", id) / ("close", id) -> ("done",)
-    ("generation", gguf, length, threads, gpu_layers, sampling, seed, flash) -> ("ready",)
+    ("generation", gguf, length, threads, gpu_layers, sampling, seed, runtime_attention) -> ("ready",)
     ("generate", prompt, max_new_tokens) -> ("generated", token_ids)   (the llamacpp-ar peer)
 A closed socket ends the worker.
 """

@@ -82,12 +82,12 @@ class LlamaCppGeneration:
 
     def __init__(
         self, gguf: Path, context_length: int, threads: int, gpu_layers: int, settings: DecodeSettings,
-        flash_attention: bool = False,
+        runtime_attention: bool = False,
     ):
         sampling = {"temperature": 0.0, "top_k": 1} if settings.greedy else {
             "temperature": settings.temperature, "top_p": settings.top_p, "top_k": settings.top_k,
         }
-        arguments = (str(gguf), context_length, threads, gpu_layers, sampling, settings.seed or 0, flash_attention)
+        arguments = (str(gguf), context_length, threads, gpu_layers, sampling, settings.seed or 0, runtime_attention)
         if llamacpp_process.wanted():
             self._generation = llamacpp_process.WorkerGeneration(*arguments)
         else:

@@ -281,10 +281,10 @@ class Bench:
             gguf = _target_gguf(pair) if method == "llamacpp-ar" else pair.target.gguf_file
             if gguf is None:
                 raise ConfigError(f"{method} needs a target that runs from a .gguf file (the demo target does)")
-            # -same runs what Tandem's runtime runs, attention kernel included (flash where the
-            # layers are on a GPU, llamacpp.attention_kernel); llamacpp-ar keeps the library's defaults.
-            flash = method == "llamacpp-ar-same" and pair.target.gpu_layers != 0
-            peer = LlamaCppGeneration(gguf, pair.context_length, torch.get_num_threads(), pair.target.gpu_layers, settings, flash)
+            # -same runs what Tandem's runtime runs, attention included (its verifying
+            # attention, llamacpp.verifying_attention); llamacpp-ar keeps the library's defaults.
+            same = method == "llamacpp-ar-same"
+            peer = LlamaCppGeneration(gguf, pair.context_length, torch.get_num_threads(), pair.target.gpu_layers, settings, same)
         else:
             peer = AssistedGeneration(pair.target, pair.draft, pair.stop_token_ids, settings)
 

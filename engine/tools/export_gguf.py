@@ -29,7 +29,7 @@ from transformers import LlamaConfig
 from ..errors import ModelLoadError
 from .gguf_draft_for_target import TargetTokenizer, paired_target_gguf, vocabulary_rows
 from .gguf_vocab import read_vocabulary
-from .llama_cpp_pairing import speculation_refusals
+from ..runtime.llamacpp_pairing import speculation_refusals
 from ..runtime.reduced_vocabulary import ReducedVocabulary
 
 PRECISIONS = ("f16", "bf16", "f32", "q8_0")

@@ -20,7 +20,7 @@ from engine.runtime.reduced_vocabulary import ReducedVocabulary
 from engine.tools import llama_server
 from engine.tools.export_gguf import DRAFT_PRECISION, export_gguf
 from engine.tools.gguf_draft_for_target import DraftPairingError
-from engine.tools.llama_cpp_pairing import speculation_refusals
+from engine.runtime.llamacpp_pairing import speculation_refusals
 
 from .test_gguf_export import (  # noqa: F401 (llama_cpp is a fixture)
     EMBEDDING_ROWS, PROMPT_IDS, TOLERANCE, LlamaCppRunner, bpe_tokenizer, llama_cpp, save_tiny_llama,

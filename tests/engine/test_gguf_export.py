@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType, GGUFReader, TokenType
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from engine.runtime import llamacpp_library
 from engine.tools import export_gguf as gguf_export
 from engine.cli import main
 from engine.config import DEMO_DRAFT_FOLDER
@@ -137,7 +138,9 @@ def llama_cpp():
     yield module
     from llama_cpp._logger import llama_log_callback  # llama-cpp-python's own, installed on import
 
-    module.llama_log_set(llama_log_callback, ctypes.c_void_p(0))
+    # Back to the callback that was there: Tandem's, once its runtime has loaded the library
+    # (tests of the runtime read llama.cpp's log through it), else llama-cpp-python's own
+    module.llama_log_set(llamacpp_library._log_callback or llama_log_callback, ctypes.c_void_p(0))
 
 
 def llama_cpp_logits(llama_cpp, path: Path) -> np.ndarray:

@@ -24,7 +24,7 @@ import torch
 
 from ...errors import ModelLoadError, OutOfMemoryError
 from ...runtime.cpu import physical_cores
-from ...runtime.llamacpp import attention_kernel, load_weights
+from ...runtime.llamacpp import load_weights, verifying_attention
 from ...runtime.llamacpp_library import failure_reason, forget_log, library
 from .replies import Job, Reply, RunningReply, check_prompt_fits, sample_next
 
@@ -49,9 +49,13 @@ class LlamaCppBatchWriter:
         params.kv_unified = False
         params.n_threads = params.n_threads_batch = threads or physical_cores()
         params.no_perf = True
-        # The chat runtime's attention kernel: plain on the CPU, 7% more replies a second
-        # here than llama.cpp's own choice, flash attention (docs/BENCHMARKS.md).
-        params.flash_attn_type = attention_kernel(self.weights)
+        # The chat runtime's attention (flash over a Q8_0 cache on the CPU), so that a greedy
+        # reply written here is, bit for bit, the one the runtime writes for the same prompt
+        # (the plain kernel, 7% more replies a second here, gave other bits: docs/BENCHMARKS.md)
+        attention = verifying_attention(self.weights)
+        params.flash_attn_type = attention.kernel
+        if attention.cache_type is not None:
+            params.type_k = params.type_v = attention.cache_type
         forget_log()
         self._context = self._llama.llama_init_from_model(self.weights.handle, params)
         if not self._context:

@@ -5,11 +5,12 @@ judged by the rules of `common_speculative_are_compatible` in llama.cpp's
 """
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from . import llamacpp_library
 
 # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE and SPEC_VOCAB_CHECK_START_TOKEN_ID
 MAX_SIZE_DIFFERENCE = 128
@@ -19,9 +20,10 @@ FIRST_COMPARED_TOKEN = 5
 def speculation_refusals(target: Path, draft: Path) -> list[str]:
     """Why llama.cpp would refuse `draft` as the draft of `target`: empty when it accepts it.
     Needs llama-cpp-python (ImportError otherwise)."""
-    import llama_cpp
-
-    with _quiet(llama_cpp), _vocabulary(llama_cpp, target) as target_vocab, _vocabulary(llama_cpp, draft) as draft_vocab:
+    if not llamacpp_library.available():
+        raise ImportError("llama-cpp-python is not installed")
+    llama_cpp = llamacpp_library.library()  # its log goes to Tandem's debug log, not the terminal
+    with _vocabulary(llama_cpp, target) as target_vocab, _vocabulary(llama_cpp, draft) as draft_vocab:
         return _refusals(llama_cpp, target_vocab, draft_vocab)
 
 
@@ -58,21 +60,3 @@ def _vocabulary(api: Any, path: Path) -> Iterator[Any]:
         yield api.llama_model_get_vocab(model)
     finally:
         api.llama_model_free(model)
-
-
-@contextmanager
-def _quiet(api: Any) -> Iterator[None]:
-    """llama.cpp logs hundreds of lines per model loaded; hand logging back to
-    llama-cpp-python's own callback afterwards."""
-
-    @api.llama_log_callback
-    def ignore(level, text, user_data):
-        pass
-
-    api.llama_log_set(ignore, ctypes.c_void_p(0))
-    try:
-        yield
-    finally:
-        from llama_cpp._logger import llama_log_callback
-
-        api.llama_log_set(llama_log_callback, ctypes.c_void_p(0))
