@@ -3,7 +3,7 @@
 The same prompts go, for each method, through the engine directly (as `tandem bench` runs
 them, on a thread of their own) and through the real `MainWindow` (typed into the chat pane,
 sent with its Send button, streamed, rendered, stored), one after the other, prompt by
-prompt, so that drift of the machine hits both alike. For each method it reports:
+prompt and in turn first, so that drift of the machine and a method's learning hit both alike. For each method it reports:
 
 - the engine's tok/s headless, and the app's: the reply's tokens over the time from Send to
   the reply's end arriving on the window's thread;
@@ -131,8 +131,16 @@ def run_gui_bench(
             _warm_up(loaded, settings.with_changes(method=method, max_new_tokens=8), engine_thread)
             for index, prompt in enumerate(prompts):
                 run_settings = settings.with_changes(method=method, seed=index)
-                figures.engine.append(_run_headless(loaded, prompt, index, run_settings, engine_thread))
-                figures.app.append(_run_in_window(window, loaded, prompt, index, run_settings))
+                alone = lambda: _run_headless(loaded, prompt, index, run_settings, engine_thread)  # noqa: E731
+                shown = lambda: _run_in_window(window, loaded, prompt, index, run_settings)  # noqa: E731
+                # Who goes first alternates: a method that learns as it runs (`auto`'s trials,
+                # its speed record) then pays for its learning on both paths alike.
+                if index % 2 == 0:
+                    figures.engine.append(alone())
+                    figures.app.append(shown())
+                else:
+                    figures.app.append(shown())
+                    figures.engine.append(alone())
                 engine_run, app_run = figures.engine[-1], figures.app[-1]
                 progress(
                     f"  {method} prompt {index + 1}/{len(prompts)}: engine {engine_run.tokens_per_s:.1f} tok/s, "
