@@ -48,10 +48,12 @@ def build(name: str, out: Path, seed: int = 0) -> Path:
     )
     config = LlamaConfig(**common) if family == "llama" else Qwen2Config(**common)
     torch.manual_seed(seed)
+    # Built in bf16 from the start: an 8B shape in float32 (32 GB) would not fit a 24 GiB machine.
+    torch.set_default_dtype(torch.bfloat16)
     with torch.device("cpu"):
-        model = (LlamaForCausalLM if family == "llama" else Qwen2ForCausalLM)(config).to(torch.bfloat16)
+        model = (LlamaForCausalLM if family == "llama" else Qwen2ForCausalLM)(config)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+    model.save_pretrained(out, max_shard_size="2GB")
     for file in TOKENIZER_FILES:
         if (DEMO_DRAFT / file).exists():
             shutil.copy(DEMO_DRAFT / file, out / file)
