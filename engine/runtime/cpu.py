@@ -89,16 +89,17 @@ def forward_threads() -> int:
     when one of them waits for a core that another process holds (measured in
     docs/BENCHMARKS.md): the budget gives that core up instead."""
     global _forward_budget
-    fixed = chosen_threads()
-    if fixed:
-        return fixed
-    if _forward_budget is None:
-        _forward_budget = ThreadBudget(torch_threads(), read_busy=busy_seconds_with_others)
-    threads = _forward_budget.threads()
+    threads = chosen_threads()
+    if threads is None:
+        if _forward_budget is None:
+            _forward_budget = ThreadBudget(torch_threads(), read_busy=busy_seconds_with_others)
+        threads = _forward_budget.threads()
     if threads != _torch_threads_set[0]:
         # torch's own ops between the forwards (sampling over the vocabulary, the drafts' glue)
         # run on the same OpenMP threads: a 2-thread softmax stalled on the taken core as the
-        # forward did (one busy process: 46 tok/s with the forward on one thread, torch on two)
+        # forward did (one busy process: 46 tok/s with the forward on one thread, torch on two).
+        # A count TANDEM_THREADS fixes holds for them too (with one forward thread, torch's
+        # second thread had spun at every op's barrier: a third of a long prompt's CPU samples).
         set_torch_threads(threads)
         _torch_threads_set[0] = threads
     return threads

@@ -119,6 +119,7 @@ def test_the_native_forwards_threads_follow_the_budget_and_the_windows_thread_co
     assert cpu.forward_threads() == 1
     monkeypatch.setenv("TANDEM_THREADS", "2")
     assert cpu.forward_threads() == 2  # a fixed count is kept
+    assert torch_given[-1] == 2  # and torch's own ops follow it
 
 
 def test_a_threads_cpu_seconds_are_read_for_this_process():
