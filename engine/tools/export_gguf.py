@@ -4,7 +4,8 @@ llama.cpp loads and runs with the same logits as transformers.
 Written against the GGUF format (gguf's GGUFWriter), not adapted from llama.cpp's converter.
 Only what Tandem's drafts and the Llama family need: no rope scaling, no biases, no sharding
 of the output. With `--draft-for TARGET`, a draft is written for llama.cpp's own speculative
-decoding instead (`gguf_draft_for_target.py`).
+decoding instead (`gguf_draft_for_target.py`); an EAGLE-3 head's folder is written as
+llama.cpp's `eagle3` draft for its target (`gguf_eagle3.py`).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from transformers import LlamaConfig
 from ..errors import ModelLoadError
 from .gguf_draft_for_target import TargetTokenizer, paired_target_gguf, vocabulary_rows
 from .gguf_vocab import read_vocabulary
+from ..runtime.eagle3_head import is_eagle3_folder
 from ..runtime.llamacpp_pairing import speculation_refusals
 from ..runtime.reduced_vocabulary import ReducedVocabulary
 
@@ -125,17 +127,11 @@ def export_gguf(
 
         def write(partial: Path) -> None:
             writer = GGUFWriter(partial, arch="llama")
-            _add_model_metadata(writer, folder, shape, vocab_size, precision)
+            add_model_metadata(writer, folder, shape, vocab_size, precision)
             vocabulary.write_to(writer)
-            for name, tensor in _gguf_tensors(weights, shape, tied, rows):
-                data, tensor_type = _encoded(tensor, precision)
-                writer.add_tensor(name, data, raw_dtype=tensor_type)
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_tensors_to_file()
-            writer.close()
+            write_tensors_and_close(writer, _gguf_tensors(weights, shape, tied, rows), precision)
 
-        _write_atomically(out_path, write)
+        write_atomically(out_path, write)
     return out_path
 
 
@@ -179,7 +175,7 @@ def read_shape(folder: Path) -> LlamaShape:
     )
 
 
-def _add_model_metadata(writer: GGUFWriter, folder: Path, shape: LlamaShape, vocab_size: int, precision: str) -> None:
+def add_model_metadata(writer: GGUFWriter, folder: Path, shape: LlamaShape, vocab_size: int, precision: str) -> None:
     writer.add_name(folder.resolve().name)
     writer.add_context_length(shape.context_length)
     writer.add_embedding_length(shape.hidden)
@@ -248,18 +244,26 @@ def _gguf_tensors(
     `paired_rows` (input, output), where given, replace the embedding and output layer, always written apart."""
     yield "token_embd.weight", paired_rows[0] if paired_rows else weights.get("model.embed_tokens.weight")
     for layer in range(shape.layers):
-        for hf_name, gguf_name in LAYER_TENSORS.items():
-            tensor = weights.get(f"model.layers.{layer}.{hf_name}")
-            if gguf_name == "attn_q.weight":
-                tensor = interleave_rotary_halves(tensor, shape.heads)
-            elif gguf_name == "attn_k.weight":
-                tensor = interleave_rotary_halves(tensor, shape.kv_heads)
-            yield f"blk.{layer}.{gguf_name}", tensor
+        yield from layer_tensors(layer, lambda name: weights.get(f"model.layers.{layer}.{name}"), shape)
     yield "output_norm.weight", weights.get("model.norm.weight")
     if paired_rows:
         yield "output.weight", paired_rows[1]
     elif not tied:  # llama.cpp reuses token_embd as the output layer when output.weight is absent
         yield "output.weight", weights.get("lm_head.weight")
+
+
+def layer_tensors(
+    layer: int, read: Callable[[str], torch.Tensor], shape: LlamaShape
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(GGUF name, fp32 tensor) pairs of decoder layer `layer`, in llama.cpp's layout; `read`
+    gives a tensor by its Hugging Face name inside the layer (`self_attn.q_proj.weight`)."""
+    for hf_name, gguf_name in LAYER_TENSORS.items():
+        tensor = read(hf_name)
+        if gguf_name == "attn_q.weight":
+            tensor = interleave_rotary_halves(tensor, shape.heads)
+        elif gguf_name == "attn_k.weight":
+            tensor = interleave_rotary_halves(tensor, shape.kv_heads)
+        yield f"blk.{layer}.{gguf_name}", tensor
 
 
 def interleave_rotary_halves(projection: torch.Tensor, heads: int) -> torch.Tensor:
@@ -276,7 +280,10 @@ def interleave_rotary_halves(projection: torch.Tensor, heads: int) -> torch.Tens
 
 def _encoded(tensor: torch.Tensor, precision: str) -> tuple[np.ndarray, GGMLQuantizationType]:
     """The tensor's bytes in the GGUF type `precision` asks for; norms (1-D) stay in F32,
-    since llama.cpp adds and multiplies them in F32 anyway and they are tiny."""
+    since llama.cpp adds and multiplies them in F32 anyway and they are tiny. Integer tensors
+    (token id maps) are stored as 64-bit integers whatever the precision."""
+    if not tensor.is_floating_point():
+        return tensor.to(torch.int64).numpy(), GGMLQuantizationType.I64
     if tensor.ndim == 1 or precision == "f32":
         return tensor.numpy(), GGMLQuantizationType.F32
     if precision == "bf16":  # numpy has no bfloat16: hand over its bits
@@ -289,7 +296,21 @@ def _encoded(tensor: torch.Tensor, precision: str) -> tuple[np.ndarray, GGMLQuan
 # 3. the file
 
 
-def _write_atomically(out_path: Path, write: Callable[[Path], None]) -> None:
+def write_tensors_and_close(
+    writer: GGUFWriter, tensors: Iterable[tuple[str, torch.Tensor]], precision: str
+) -> None:
+    """Add `tensors` (GGUF name, fp32 or integer tensor), encoded for `precision`, after the
+    metadata already on `writer`, and write the whole file."""
+    for name, tensor in tensors:
+        data, tensor_type = _encoded(tensor, precision)
+        writer.add_tensor(name, data, raw_dtype=tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def write_atomically(out_path: Path, write: Callable[[Path], None]) -> None:
     """`write` into a hidden temporary file beside `out_path`, then rename it: a killed export
     leaves at most a `.partial` file, never a truncated GGUF that looks finished."""
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -314,7 +335,8 @@ def add_export_gguf_command(subparsers: Any) -> None:
         "export-gguf",
         help="write a Llama-architecture model folder as a GGUF file for llama.cpp",
         description="Export a Hugging Face Llama model folder (config.json, safetensors, a BPE "
-        "tokenizer.json) to one GGUF file that llama.cpp runs with the same logits.",
+        "tokenizer.json) to one GGUF file that llama.cpp runs with the same logits. An EAGLE-3 "
+        "head's folder is written as llama.cpp's eagle3 draft for its target (--spec-type draft-eagle3).",
     )
     parser.add_argument("folder", type=Path, help="the model folder")
     parser.add_argument(
@@ -330,23 +352,31 @@ def add_export_gguf_command(subparsers: Any) -> None:
         "--draft-for", nargs="?", const=DISTILLED_TARGET, metavar="TARGET",
         help="write a draft for llama.cpp's speculative decoding (llama-server -md, LM Studio) with "
         "TARGET, a GGUF file or demo-target: its tokenizer and a row for each of its tokens "
-        "(default TARGET: the one the draft was distilled from)",
+        "(default TARGET: the one the draft was distilled from; an EAGLE-3 head is always "
+        "written for a target, by default that one)",
     )
     parser.set_defaults(run=run_export_gguf)
 
 
 def run_export_gguf(args: argparse.Namespace) -> int:
+    folder = Path(args.folder).expanduser()
+    eagle3 = is_eagle3_folder(folder)
     target = None
-    if args.draft_for is not None:
-        target = paired_target_gguf(Path(args.folder).expanduser(), args.draft_for or None)
-    path = export_gguf(args.folder, args.out, args.precision, draft_for=target)
+    if args.draft_for is not None or eagle3:  # an EAGLE-3 head drafts only from its target's features
+        target = paired_target_gguf(folder, args.draft_for or None)
+    if eagle3:
+        from .gguf_eagle3 import export_eagle3_gguf  # imported here: it builds on this module
+
+        path = export_eagle3_gguf(folder, target, args.out, args.precision)
+    else:
+        path = export_gguf(folder, args.out, args.precision, draft_for=target)
     print(f"{path} ({path.stat().st_size / 1e6:.1f} MB, {args.precision})")
     if target is not None:
-        return _report_pairing(target, path)
+        return _report_pairing(target, path, "draft-eagle3" if eagle3 else "draft-simple")
     return 0
 
 
-def _report_pairing(target: Path, draft: Path) -> int:
+def _report_pairing(target: Path, draft: Path, spec_type: str) -> int:
     """Ask llama.cpp, where it is installed, whether its speculative decoding takes the draft."""
     try:
         refusals = speculation_refusals(target, draft)
@@ -358,5 +388,5 @@ def _report_pairing(target: Path, draft: Path) -> int:
         print(f"llama.cpp would refuse it as the draft of {target}: {refusals[0]}", file=sys.stderr)
         return 1
     checked = "llama.cpp accepts it" if refusals is not None else "not checked (llama-cpp-python is not installed)"
-    print(f"a draft for {target}, {checked}; run the pair with: llama-server -m {target} -md {draft} --spec-type draft-simple")
+    print(f"a draft for {target}, {checked}; run the pair with: llama-server -m {target} -md {draft} --spec-type {spec_type}")
     return 0

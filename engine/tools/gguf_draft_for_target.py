@@ -46,10 +46,7 @@ class TargetTokenizer:
 
     @classmethod
     def read(cls, path: Path) -> TargetTokenizer:
-        try:
-            reader = GGUFReader(path)
-        except (OSError, ValueError) as error:
-            raise DraftPairingError(f"Could not read the target GGUF {path}: {error}") from error
+        reader = read_target_gguf(path)
         fields = []
         for key, field in reader.fields.items():
             if key.startswith(TOKENIZER_KEYS):
@@ -75,6 +72,13 @@ class TargetTokenizer:
                     f"{folder} does not share the tokenizer of {self.path}: token {token_id} is "
                     f"{draft_vocabulary.tokens[token_id]!r} in the draft and {self.tokens[token_id]!r} in the target."
                 )
+
+
+def read_target_gguf(path: Path) -> GGUFReader:
+    try:
+        return GGUFReader(path)
+    except (OSError, ValueError) as error:
+        raise DraftPairingError(f"Could not read the target GGUF {path}: {error}") from error
 
 
 def paired_target_gguf(folder: Path, named: str | None) -> Path:
