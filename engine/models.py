@@ -8,6 +8,7 @@ loads in under a second instead of ~17 s.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -33,10 +34,10 @@ from .errors import ModelLoadError
 from .model_files import check_model_files
 from .paths import cache_dir
 from .runtime import ModelRuntime
-from .runtime import int8_kernel
 from .runtime import llamacpp_library, llamacpp_process
 from .runtime.device import resolve_device
 from .runtime.eagle3_head import Eagle3Head, check_fits_target, load_head
+from .runtime.forward_plan import ForwardPlan, ForwardSettings, int8_kernel_runs_on, plan_forward
 from .runtime.reduced_vocabulary import ReducedVocabulary, ReducedVocabularyRuntime
 from .runtime.model_reading import READ_ERRORS, without_progress_bars
 
@@ -55,6 +56,7 @@ HUB_FILE_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.model", "*.txt", "
 # A scratch folder this old belongs to a conversion that was killed, not one still running.
 STALE_PARTIAL_AGE_S = 6 * 3600
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+log = logging.getLogger("tandem.models")
 
 
 @dataclass
@@ -62,7 +64,7 @@ class LoadedModel:
     """A model ready to run, with the tokenizer and settings it was loaded with.
 
     `open_runtime()` gives a fresh cache over the loaded weights, made by `runtime_factory`
-    (engine/runtime/: torch over `model`, or llama.cpp, where `model` is None).
+    (engine/runtime/: torch over `model`, by its `forward_plan`, or llama.cpp, where `model` is None).
     """
 
     model: Any
@@ -87,12 +89,17 @@ class LoadedModel:
     layer_count: int = 0
     vocab_size: int = 0
     embeddings: Callable[[], torch.Tensor] | None = None
+    # torch: which forward runs which rows, and why (runtime/forward_plan.py); llama.cpp: None
+    forward_plan: ForwardPlan | None = None
 
     def __post_init__(self) -> None:
         if self.runtime_factory is None:
             from .runtime.torch_load import torch_runtime_factory  # transformers' model classes: torch pairs only
 
-            self.runtime_factory = torch_runtime_factory(self.model, self.device, self.context_length, self.compile)
+            if self.forward_plan is None:
+                self.forward_plan = plan_forward(self.model, self.device, ForwardSettings.for_pair(self.compile, self.precision))
+            log.info("%s: %s", self.label, self.forward_plan.describe())
+            self.runtime_factory = torch_runtime_factory(self.model, self.device, self.context_length, self.forward_plan)
         if self.model is not None and not self.hidden_size:
             config = self.model.config
             self.hidden_size, self.layer_count, self.vocab_size = config.hidden_size, config.num_hidden_layers, config.vocab_size
@@ -111,6 +118,11 @@ class LoadedModel:
         # the model's own configs name ids in its vocabulary, which a reduced draft maps
         in_model = frozenset(token for source in model_sources for token in _eos_ids(source))
         return self.extra_stop_ids | _full_vocabulary_ids(in_model, self.vocabulary) | _eos_ids(self.tokenizer)
+
+    @property
+    def forward_plan_line(self) -> str | None:
+        """The forward plan in one line, for the speed panel and the bench (None on llama.cpp)."""
+        return self.forward_plan.describe() if self.forward_plan is not None else None
 
     def close(self) -> None:
         if self.release is not None:
@@ -132,18 +144,20 @@ def load_model(
     if gguf is not None:
         return _load_with_llamacpp(spec, gguf, report, as_draft)
     device = resolve_device(spec.device)
-    precision = resolve_precision(spec.precision, device, as_draft)
+    precision, precision_reason = precision_and_reason(spec.precision, device, as_draft)
     folder = resolve_source(spec, report)
     tokenizer = _load_tokenizer(folder)
     report("Loading weights…", None)
     # Imported here: transformers' model classes cost ~85 MB of memory that a pair running
     # on llama.cpp never needs.
-    from .runtime.torch_load import load_torch_weights, torch_runtime_name
+    from .runtime.torch_load import load_torch_weights
 
     model = load_torch_weights(folder, device, precision)
     context_length = _context_length(model.config)
+    plan = plan_forward(model, device, ForwardSettings.for_pair(compile, precision, precision_reason))
     return LoadedModel(
-        runtime=torch_runtime_name(model, device, compile),
+        runtime=plan.name,
+        forward_plan=plan,
         compile=compile,
         model=model,
         tokenizer=tokenizer,
@@ -327,16 +341,24 @@ def input_embedding_table(model) -> torch.Tensor:
 
 
 def resolve_precision(precision: str, device: torch.device, as_draft: bool = False) -> str:
+    return precision_and_reason(precision, device, as_draft)[0]
+
+
+def precision_and_reason(precision: str, device: torch.device, as_draft: bool = False) -> tuple[str, str]:
+    """The precision a torch model loads at, and why (the forward plan shows it)."""
     if precision == STORED:
         raise ModelLoadError("Precision \"stored\" runs a GGUF file as it is, on the llama.cpp runtime; "
                              "this model runs on PyTorch. Choose the llama.cpp runtime, or another precision.")
     if precision != "auto":
-        return precision
+        return precision, "the pair's setting"
     if as_draft:
         # int8 on the CPU only where Tandem's int8 kernel runs it: elsewhere it was never measured against bf16
-        native = device.type == "cpu" and int8_kernel.unavailable_reason() is None
-        return DRAFT_CPU_DEFAULT_PRECISION if native else DRAFT_DEFAULT_PRECISION
-    return CUDA_DEFAULT_PRECISION if device.type == "cuda" else CPU_DEFAULT_PRECISION
+        if int8_kernel_runs_on(device):
+            return DRAFT_CPU_DEFAULT_PRECISION, "a draft's default on the CPU, where the int8 kernel runs"
+        return DRAFT_DEFAULT_PRECISION, "a draft's default without the int8 kernel"
+    if device.type == "cuda":
+        return CUDA_DEFAULT_PRECISION, "the default on CUDA"
+    return CPU_DEFAULT_PRECISION, "the default on the CPU"
 
 
 def source_label(spec: ModelSpec) -> str:

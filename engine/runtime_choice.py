@@ -33,8 +33,8 @@ from .models import runtime_gguf
 from .paths import cache_dir
 from .runtime.compiled_forward import compile_allowed
 from .runtime.cpu import chosen_threads, cpu_name
-from .runtime.native_forward import measured_here
 from .runtime.device import device_name, resolve_device
+from .runtime.forward_plan import measured_here
 
 FOLDER = "runtime-choice"
 
@@ -102,7 +102,7 @@ def placement(config: PairConfig, choice: RuntimeChoice | None, measured_default
 def unmeasured_prefers_torch(config: PairConfig) -> bool:
     """Whether "auto" loads the pair on torch before `tandem tune` measured it here: the bundled
     demo target on a CPU where torch runs it with the native int8 forward's measured build
-    (native_forward.py; 1.77x llama.cpp's plain decoding on the development CPU,
+    (forward_plan.MEASURED_VARIANTS; 1.77x llama.cpp's plain decoding on the development CPU,
     docs/BENCHMARKS.md). Not any other GGUF target: its torch copy is converted through
     float32 weights (28 GB for a 7B model), which llama.cpp never needs."""
     if not applies_to(config) or config.target.source != DEMO_TARGET or resolve_device(config.target.device).type != "cpu":

@@ -25,6 +25,7 @@ from pathlib import Path
 from engine.pairs import find_pair
 from engine.round import time_verify
 from engine.runtime import int8_kernel
+from engine.runtime.forward_plan import NATIVE, STATIC_EAGER, RowRange
 from engine.session import load_pair
 
 REPEATS = 31
@@ -83,10 +84,12 @@ def main() -> None:
         # A prompt: natively in pieces of 64 with either build, and as before this change, in
         # eager torch past the kernel's 16 rows.
         prompt = [1000 + (i * 7) % 5000 for i in range(400)]
-        natively = target.native.most_tokens
-        for name, library, most in (("before", libraries["before"], natively), ("after", libraries["after"], natively),
-                                    ("eager torch past 16 tokens", libraries["after"], int8_kernel.most_tokens())):
-            target.native.library, target.native.most_tokens = library, most
+        natively = target.plan
+        past_the_kernels_rows = dataclasses.replace(natively, ranges=(
+            RowRange(int8_kernel.most_tokens(), NATIVE, "the kernel's rows"), RowRange(None, STATIC_EAGER, "as before")))
+        for name, library, plan in (("before", libraries["before"], natively), ("after", libraries["after"], natively),
+                                    ("eager torch past 16 tokens", libraries["after"], past_the_kernels_rows)):
+            target.native.library, target.plan = library, plan
 
             def read() -> float:
                 target.reset()
@@ -96,7 +99,7 @@ def main() -> None:
 
             read()
             print(f"{name}: a {len(prompt)}-token prompt in {1000 * statistics.median(read() for _ in range(5)):.0f} ms")
-        target.native.most_tokens = natively
+        target.plan = natively
     pair.close()
 
 

@@ -52,8 +52,6 @@ def main() -> None:
     runnable = [v for v in int8_kernel.VARIANTS if v.needs <= int8_kernel.cpu_flags()]
     with tempfile.TemporaryDirectory() as scratch:
         libraries = {v.name: int8_kernel.build_for_comparison(v, Path(scratch) / f"{i}.so") for i, v in enumerate(runnable)}
-        most_tokens = native.native.most_tokens
-        native.native.most_tokens = max(most_tokens, *tokens)  # every count runs natively
         times: dict[tuple[str, int], list[float]] = {}
         for repeat in range(REPEATS):
             contenders = [*libraries, "llama.cpp"]
@@ -65,7 +63,6 @@ def main() -> None:
                     times.setdefault((name, count), []).append(1000 * time_verify(runtime, context, count))
                 if repeat < PROMPT_REPEATS * len(contenders):
                     times.setdefault((name, "prompt"), []).append(1000 * prompt_read(runtime))
-        native.native.most_tokens = most_tokens
     medians = {key: statistics.median(values) for key, values in times.items()}
     print(f"ms, median of {REPEATS} after {CONTEXT} tokens (a {PROMPT}-token prompt: of {PROMPT_REPEATS}); (x llama.cpp) below each")
     columns = [*tokens, "prompt"]

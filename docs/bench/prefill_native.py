@@ -23,6 +23,7 @@ from pathlib import Path
 
 from engine.pairs import find_pair
 from engine.runtime import int8_kernel
+from engine.runtime.native_forward import PROMPT_ROWS
 from engine.session import load_pair
 
 REPEATS = int(os.environ.get("REPEATS", "2"))
@@ -36,7 +37,7 @@ def main() -> None:
     before, counts = sys.argv[1], [int(count) for count in sys.argv[2:]] or [500, 2000, 4000, 7000]
     pair = load_pair(dataclasses.replace(find_pair("demo"), draft=None, runtime="torch"), lambda message, fraction: None)
     target = pair.target_runner
-    print(f"runtime: {target.name}, kernel: {int8_kernel.variant_name()}, pieces of {target.native.most_tokens}", flush=True)
+    print(f"runtime: {target.name}, kernel: {int8_kernel.variant_name()}, pieces of {PROMPT_ROWS}", flush=True)
     variant = int8_kernel.chosen_variant()
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)

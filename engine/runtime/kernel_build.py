@@ -66,11 +66,10 @@ VARIANTS = (
     # Plain C, no intrinsics (simd.h's one-lane helpers): any x86-64 CPU runs it, so it is last,
     # the fallback where no other fits, and the reference the tests compare the others with.
     # -march=x86-64: the baseline, even where a compiler defaults to a newer level. Its rows are
-    # not measured on a CPU of its kind (none here); 64, the native forward's prompt pieces, so
-    # that verifies and trees of up to 64 tokens run natively, as steps do: at 16, tree nodes
-    # got other logits than the same tokens stepped after a prompt read partly in torch (seen
-    # with AVX-512 VNNI taken as never measured). As a build never measured, its prompt
-    # chunks past 64 tokens still run in torch (torch_load.py).
+    # not measured on a CPU of its kind (none here); 64, the native forward's prompt pieces. (It
+    # once also capped the native forward's rows on builds never measured: at 16, tree nodes got
+    # other logits than the same tokens stepped after a prompt read partly in torch. The native
+    # forward now takes every row count on every build: forward_plan.py.)
     Variant("portable", _HERE / "int8_matmul_portable.c", frozenset(), ("-march=x86-64",), most_tokens=64,
             in_compiled_graphs=False),
 )

@@ -8,16 +8,16 @@ In C that machinery is gone, and no compile is needed for it: the forward runs a
 from the first token (docs/BENCHMARKS.md, "A native forward").
 
 What it runs: the forward `torch_static.StaticCacheForward` runs, over the same KV cache
-tensors, so the two can take turns within a conversation. On a kernel build it was measured
-with, this one runs every forward, prompts included (in pieces of PROMPT_ROWS tokens); on
-others, steps and verifies, and the torch one prompt chunks past the kernel's row count.
-Its products are the very floats of the torch forward's; the norms, rotary embedding and
+tensors, so the two can take turns within a conversation. Where a model runs here, every
+forward does, prompts included (in pieces of PROMPT_ROWS tokens); forward_plan.py decides
+that, and says why. Its products are the very floats of the torch forward's; the norms, rotary embedding and
 attention are summed in another order, so logits agree to float32 rounding (tests: against
 the eager forward, chains, trees and features).
 
 Which models: Llama, Mistral, Qwen2 and Qwen3 layouts (plain RMSNorm, Qwen3's on each query
 and key head too, SiLU MLP, full rotary heads, no sliding windows in use) whose every projection is an int8 layer (`int8_weights`), in
 float32 on the CPU, where the int8 kernel was built. `refusal` names what stops any other.
+Whether a model that can run here does is forward_plan.py's choice.
 """
 from __future__ import annotations
 
@@ -33,15 +33,10 @@ from .kernel_abi import DecoderStruct, Int8Struct, LayerStruct
 from .static_families import recipe_for, static_refusal
 
 NATIVE_NAME = "torch (native int8 forward)"  # the runtime's name where it runs
-# The kernel builds the native forward was measured faster with than llama.cpp (docs/BENCHMARKS.md):
-# AVX-512 VNNI on its own CPU; the two 256-bit builds on the same CPU, built as CPUs with only
-# their features build them (TANDEM_INT8_KERNEL, docs/bench/native_variants.py: a step 0.50x
-# and 0.52x of llama.cpp's time; prompts 0.87x and 1.23x).
-MEASURED_VARIANTS = {"AVX-512 VNNI", "AVX-VNNI", "AVX2"}
-# On those builds prompts run here too, in pieces of this many tokens (the static runtime's
-# widest bucket), so that every forward, a verify as a step, runs the same arithmetic: the
-# demo target read prompts of 24-1,000 tokens 1.6-2.6x faster than in eager torch with
-# AVX-512 VNNI, and pieces of 64 beat 16 and 32 (docs/BENCHMARKS.md).
+# Prompts run here too, in pieces of this many tokens (the static runtime's widest bucket), so
+# that every forward, a verify as a step, runs the same arithmetic: the demo target read
+# prompts of 24-1,000 tokens 1.6-2.6x faster than in eager torch with AVX-512 VNNI, and pieces
+# of 64 beat 16 and 32 (docs/BENCHMARKS.md).
 PROMPT_ROWS = 64
 NATIVE_RECIPES = {"Llama", "Mistral", "Qwen2", "Qwen3"}
 NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm"}
@@ -111,11 +106,6 @@ def _shape_refusal(model: torch.nn.Module) -> str | None:
     return None
 
 
-def measured_here() -> bool:
-    """Whether this CPU runs a kernel build the native forward was measured with."""
-    return int8_kernel.variant_name() in MEASURED_VARIANTS
-
-
 def native_forward(forward) -> NativeForward | None:
     """The native forward over `forward`'s model and cache (a torch_static.StaticCacheForward),
     or None where `refusal` says why not."""
@@ -133,15 +123,14 @@ def int8_struct(layer: Int8Linear, keep: list) -> Int8Struct:
 
 
 class NativeForward:
-    """Runs `forward`'s model over `forward`'s cache in C for up to `most_tokens` tokens: a
-    prompt's piece where the build was measured, else the kernel's own row count."""
+    """Runs `forward`'s model over `forward`'s cache in C (the static runtime hands it chunks
+    of up to PROMPT_ROWS tokens)."""
 
     def __init__(self, forward):
         model, config = forward.model, forward.model.config
         decoder = model.model
         attention = decoder.layers[0].self_attn
         self.library = int8_kernel.loaded_library()
-        self.most_tokens = PROMPT_ROWS if measured_here() else int8_kernel.most_tokens()
         self.feature_layers = forward.feature_layers
         if any(not 0 <= layer < len(decoder.layers) for layer in self.feature_layers):
             raise ValueError(f"feature layers {list(self.feature_layers)} outside the model's {len(decoder.layers)}")

@@ -1,5 +1,6 @@
 """Torch models from Hugging Face folders: loading weights at a precision, converting a GGUF
-file into such a folder, and choosing which torch runtime runs a loaded model.
+file into such a folder, and opening the torch runtime a loaded model's forward plan names
+(forward_plan.py decides which).
 
 Only the runtimes (and the offline tools that train models) touch transformers' model
 classes; the rest of the engine sees a `LoadedModel` and the runtimes it opens.
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -20,14 +20,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
 from ..errors import ModelLoadError, OutOfMemoryError
 from .base import ModelRuntime
-from .compiled_forward import compile_allowed
+from .forward_plan import ForwardPlan
 from .int8_weights import quantise_weight_only
 from .model_reading import READ_ERRORS, without_progress_bars
-from .native_forward import NATIVE_NAME, measured_here
-from .native_forward import refusal as native_refusal
-from .static_families import static_refusal
 from .torch_eager import TorchRuntime
-from .torch_static import StaticTorchRuntime, runs_static
+from .torch_static import StaticTorchRuntime
 
 FLOAT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # bitsandbytes casts every int8 matmul input to fp16 (and logs a warning on each call when it
@@ -147,62 +144,17 @@ class _NumpyWithPlainMaps(types.ModuleType):
         return numpy.memmap(*args, **kwargs).view(numpy.ndarray)
 
 
-def wants_graphs(device: torch.device) -> bool:
-    """On CUDA, torch models run as captured graphs over a static cache wherever they can:
-    an eager forward there costs 25-30 ms of launches whatever its size. TANDEM_CUDA_GRAPHS=0
-    keeps the eager runtime (to compare the two)."""
-    return device.type == "cuda" and os.environ.get("TANDEM_CUDA_GRAPHS", "1") != "0"
-
-
-def captures_graphs(model: PreTrainedModel, device: torch.device) -> bool:
-    return wants_graphs(device) and runs_static(model)
-
-
-def compiles_on_cpu(model: PreTrainedModel, device: torch.device, compile: bool) -> bool:
-    """On the CPU, a model the static runtime can run is compiled in the background when the
-    pair allows it (compiled_forward.py); TANDEM_COMPILE=0 keeps the eager runtime. Not one
-    that runs natively on a kernel build it was measured with: every forward of it, prompts
-    included, runs in C, faster than compiled (docs/BENCHMARKS.md), so the compile's minutes
-    of both cores would buy nothing. On other builds the forwards past the native forward's
-    rows are compiled."""
-    natively_measured = runs_natively(model, device) and measured_here()
-    return device.type == "cpu" and compile_allowed(compile) and runs_static(model) and not natively_measured
-
-
-def runs_natively(model: PreTrainedModel, device: torch.device) -> bool:
-    """On the CPU, int8 Llama-layout models run their steps and verifies in one C call over
-    the static cache (native_forward.py), compiled or not."""
-    return device.type == "cpu" and native_refusal(model, device) is None
-
-
-def torch_runtime_name(model: PreTrainedModel, device: torch.device, compile: bool = False) -> str:
-    """What the user is shown: where graphs or a compile were wanted but the model cannot
-    have them, why."""
-    if runs_natively(model, device):
-        return NATIVE_NAME
-    if device.type == "cpu" and compile_allowed(compile):
-        refusal = static_refusal(model)
-        return "torch (static cache)" if refusal is None else f"torch (not compiled: {refusal})"
-    if not wants_graphs(device):
-        return "torch"
-    refusal = static_refusal(model)
-    return "torch + CUDA graphs" if refusal is None else f"torch (no CUDA graphs: {refusal})"
-
-
 def torch_runtime_factory(
-    model: PreTrainedModel, device: torch.device, context_length: int, compile: bool = False
+    model: PreTrainedModel, device: torch.device, context_length: int, plan: ForwardPlan
 ) -> Callable[[bool, tuple[int, ...]], ModelRuntime]:
-    """(hidden_states, feature_layers) -> a fresh runtime over `model`: the static one where
-    it can run (graph-captured on CUDA, compiled in the background on the CPU when `compile`),
-    the eager one elsewhere."""
-    compiling = compiles_on_cpu(model, device, compile)
-    static = compiling or captures_graphs(model, device) or runs_natively(model, device)
+    """(hidden_states, feature_layers) -> a fresh runtime over `model`, the one `plan` names:
+    the static one for its native, graph-captured or compiled forwards, else the eager one."""
 
     def open_runtime(hidden_states: bool, feature_layers: tuple[int, ...] = ()) -> ModelRuntime:
-        if static:
+        if plan.static_cache:
             return StaticTorchRuntime(
                 model, device, context_length + STATIC_CACHE_SPARE_ROWS, hidden_states=hidden_states, feature_layers=feature_layers,
-                compile=compiling,
+                plan=plan,
             )
         return TorchRuntime(model, device, hidden_states=hidden_states, feature_layers=feature_layers)
 

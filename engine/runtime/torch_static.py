@@ -36,9 +36,10 @@ from .base import ModelRuntime
 from .compiled_forward import BackgroundCompile, shared_compile
 from .exact_attention import exact_attention
 from . import int8_kernel
+from .forward_plan import COMPILED, CUDA_GRAPHS, NATIVE, ForwardPlan, ForwardSettings, plan_forward
 from .int8_weights import Int8Linear, join_rows
 from .rms_norm_cuda import fused_norm
-from .native_forward import NATIVE_NAME, NativeForward, native_forward
+from .native_forward import NativeForward
 from .static_families import recipe_for, rotary_function, static_refusal
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -251,17 +252,19 @@ def _attend(query, keys, values, mask, scale, cap=None):
 
 
 class StaticTorchRuntime(ModelRuntime):
-    """A torch model over a static KV cache; on CUDA each (token bucket, key window) forward
-    is a CUDA graph (`graphs=False` runs the same static forward eagerly: the CPU tests
-    check it against the eager runtime). On the CPU, forwards of up to the int8 kernel's rows
-    of a model `native_forward` runs go to that one C call instead. Without graphs, `compile`
-    has torch.compile compile the forward in the background (compiled_forward.py) once
-    `start_background_work` is called. Opened with `hidden_states`, it keeps the final-norm hidden states of the rows it
-    returned logits for, a second output of the same graph."""
+    """A torch model over a static KV cache, each chunk of rows run by the engine its forward
+    plan names for that many rows (forward_plan.py): on CUDA each (token bucket, key window)
+    forward is a CUDA graph; on the CPU an int8 Llama-layout model runs in one C call
+    (native_forward.py), and another model's forward is compiled in the background
+    (compiled_forward.py) once `start_background_work` is called, eager until then. Handed no
+    plan, it makes one from `graphs`, `compile` and `native` (`graphs=False` runs the same static
+    forward eagerly: the CPU tests check it against the eager runtime; `native=False` keeps
+    every forward in torch). Opened with `hidden_states`, it keeps the final-norm hidden states
+    of the rows it returned logits for, a second output of the same graph."""
 
     def __init__(
         self, model: torch.nn.Module, device: torch.device, capacity: int, graphs: bool | None = None, hidden_states: bool = False,
-        feature_layers: tuple[int, ...] = (), compile: bool = False, native: bool = True,
+        feature_layers: tuple[int, ...] = (), compile: bool = False, native: bool = True, plan: ForwardPlan | None = None,
     ):
         super().__init__(model.get_output_embeddings().weight.shape[0])
         self.device = device
@@ -269,19 +272,16 @@ class StaticTorchRuntime(ModelRuntime):
         self.feature_layers = tuple(feature_layers)
         self._hidden: torch.Tensor | None = None
         self._new_features: torch.Tensor | None = None
-        self.graphs_enabled = device.type == "cuda" if graphs is None else graphs
-        self.name = "torch + CUDA graphs" if self.graphs_enabled else "torch (static cache)"
+        if plan is None:
+            plan = plan_forward(model, device, ForwardSettings(compile=compile, graphs=graphs, native=native, static_cache=True))
+        self.plan = plan
+        self.name = plan.name
+        self.graphs_enabled = CUDA_GRAPHS in plan.engines  # until a capture fails
         self.capacity = capacity
         rows = SCRATCH_ROWS + capacity
         self.windows = _windows(rows)
         self.forward_pass: StaticCacheForward | None = StaticCacheForward(model, rows, device, self.feature_layers)  # None once closed
-        # On the CPU, int8 Llama-layout models run in one C call (native_forward.py): every
-        # forward on a measured kernel build, else steps and verifies; the rest, and every other
-        # model, run in torch.
-        # (`native=False` keeps every forward in torch: the tests of the torch path)
-        self.native: NativeForward | None = None if self.graphs_enabled or not native else native_forward(self.forward_pass)
-        if self.native is not None:
-            self.name = NATIVE_NAME
+        self.native: NativeForward | None = NativeForward(self.forward_pass) if NATIVE in plan.engines else None
         widest = BUCKETS[-1]
         with torch.inference_mode():
             # One set of input buffers; a graph reads the first rows (and columns) it needs.
@@ -293,12 +293,11 @@ class StaticTorchRuntime(ModelRuntime):
         self.pool = None  # the memory pool the graphs share (they never run at once), made at the first capture
         self.graphs_failure: str | None = None  # why graphs were given up, when they were
         self.compiler: BackgroundCompile | None = None
-        if compile and not self.graphs_enabled:
+        compiled_buckets = [bucket for bucket in BUCKETS if plan.engine_for(bucket) == COMPILED]
+        if compiled_buckets:
             # The step first, then an 8-token verify (the graph every count but one shares),
             # then every other shape, each a guard check away from those two.
-            # (only the buckets past the native forward's rows, where it runs)
-            most = self.native.most_tokens if self.native is not None else 0
-            shapes = [(bucket, window) for window in self.windows for bucket in BUCKETS if bucket > most]
+            shapes = [(bucket, window) for window in self.windows for bucket in compiled_buckets]
             shapes.sort(key=lambda shape: (shape != (1, self.windows[0]), shape != (8, self.windows[0])))
             if device.type == "cpu":
                 int8_kernel.unavailable_reason()  # built and loaded before the graphs are traced: they read whether it is there
@@ -383,7 +382,8 @@ class StaticTorchRuntime(ModelRuntime):
         `wanted_from` on, their hidden states when the runtime returns them, and every row's
         features when it records them (else None)."""
         count, slots = visible.shape
-        if self.native is not None and count <= self.native.most_tokens:
+        engine = self.plan.engine_for(count)
+        if engine == NATIVE:
             rows = list(range(SCRATCH_ROWS + first_slot, SCRATCH_ROWS + first_slot + count))
             return self.native(ids, positions, rows, visible, SCRATCH_ROWS, wanted_from, self.returns_hidden)
         bucket = next(size for size in BUCKETS if size >= count)
@@ -398,7 +398,7 @@ class StaticTorchRuntime(ModelRuntime):
             self.positions[:bucket].copy_(torch.tensor(positions + [0] * padding), non_blocking=True)
             self.rows[:bucket].copy_(torch.tensor(rows), non_blocking=True)
             self.visible[:bucket, :window].copy_(padded_visible, non_blocking=True)
-            logits, hidden, features = self._outputs(bucket, window)
+            logits, hidden, features = self._outputs(engine, bucket, window)
             # Only the wanted rows are upcast. Copies even when already float32: the next
             # replay reuses the graph's output memory.
             wanted = slice(wanted_from, count)
@@ -409,11 +409,12 @@ class StaticTorchRuntime(ModelRuntime):
     def _forward(self, bucket: int, window: int) -> Outputs:
         return self.forward_pass(self.ids[:bucket], self.positions[:bucket], self.rows[:bucket], self.visible[:bucket, :window])
 
-    def _outputs(self, bucket: int, window: int) -> Outputs:
-        """The forward over the inputs in the buffers: its graph replayed, compiled, or run eagerly."""
-        captured = self._graph(bucket, window) if self.graphs_enabled else None
+    def _outputs(self, engine: str, bucket: int, window: int) -> Outputs:
+        """The forward over the inputs in the buffers, by `engine`: its graph replayed, compiled,
+        or run eagerly (also where its graph or its compile is not there, or failed)."""
+        captured = self._graph(bucket, window) if engine == CUDA_GRAPHS and self.graphs_enabled else None
         if captured is None:
-            compiled = self.compiler.compiled_for((bucket, window)) if self.compiler is not None else None
+            compiled = self.compiler.compiled_for((bucket, window)) if engine == COMPILED and self.compiler is not None else None
             if compiled is not None:
                 inputs = self.ids[:bucket], self.positions[:bucket], self.rows[:bucket], self.visible[:bucket, :window]
                 try:

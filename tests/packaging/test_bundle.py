@@ -26,7 +26,8 @@ import engine
 from app.settings import SETTINGS_FILE, AppSettings, save_settings
 from app.storage import DATABASE_FILE, open_chat_store
 from engine.config import DecodeSettings
-from engine.runtime.native_forward import NATIVE_NAME, measured_here
+from engine.runtime.forward_plan import measured_here
+from engine.runtime.native_forward import NATIVE_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
 QUESTION = "What is the capital of France? Answer in one sentence."

@@ -21,7 +21,8 @@ from transformers import Phi3Config, Phi3ForCausalLM
 from engine.chat_prompt import Message
 from engine.config import DecodeSettings
 from engine.runtime import compiled_forward
-from engine.runtime.torch_load import torch_runtime_factory, torch_runtime_name
+from engine.runtime.forward_plan import ForwardSettings, plan_forward
+from engine.runtime.torch_load import torch_runtime_factory
 from engine.runtime.torch_static import StaticTorchRuntime
 
 from .test_static_families import FAMILIES, SHAPE, tiny
@@ -175,15 +176,19 @@ def test_a_corrupt_compile_cache_is_rebuilt_not_fatal(tmp_path):
 def test_compiling_follows_the_pairs_setting_and_tandem_compile(monkeypatch):
     model = tiny("gemma3", seed=4)
     cpu = torch.device("cpu")
+
+    def planned(compile: bool):
+        plan = plan_forward(model, cpu, ForwardSettings.for_pair(compile))
+        return plan.name, torch_runtime_factory(model, cpu, 100, plan)(False, ())
+
     monkeypatch.setenv(compiled_forward.COMPILE_ENVIRONMENT, "1")
-    assert torch_runtime_name(model, cpu, compile=True) == "torch (static cache)"
-    assert isinstance(torch_runtime_factory(model, cpu, 100, compile=True)(False, ()), StaticTorchRuntime)
-    assert torch_runtime_factory(model, cpu, 100, compile=True)(False, ()).compiler is not None
-    assert torch_runtime_name(model, cpu, compile=False) == "torch"
-    assert not isinstance(torch_runtime_factory(model, cpu, 100, compile=False)(False, ()), StaticTorchRuntime)
+    name, runtime = planned(compile=True)
+    assert name == "torch (static cache)" and isinstance(runtime, StaticTorchRuntime) and runtime.compiler is not None
+    name, runtime = planned(compile=False)
+    assert name == "torch" and not isinstance(runtime, StaticTorchRuntime)
     monkeypatch.setenv(compiled_forward.COMPILE_ENVIRONMENT, "0")
-    assert torch_runtime_name(model, cpu, compile=True) == "torch"
-    assert not isinstance(torch_runtime_factory(model, cpu, 100, compile=True)(False, ()), StaticTorchRuntime)
+    name, runtime = planned(compile=True)
+    assert name == "torch" and not isinstance(runtime, StaticTorchRuntime)
 
 
 def test_compiled_kernels_are_kept_in_tandems_cache_unless_the_user_chose_a_folder(monkeypatch, tmp_path):

@@ -17,9 +17,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from engine.runtime import int8_kernel
 from engine.runtime.cpu import cpu_flags
 from engine.runtime.int8_weights import quantise_weight_only
-from engine.runtime import native_forward
-from engine.runtime.native_forward import NATIVE_NAME, PROMPT_ROWS, NativeForward, refusal
-from engine.runtime.torch_load import torch_runtime_factory, torch_runtime_name
+from engine.runtime.forward_plan import ForwardSettings, plan_forward
+from engine.runtime.native_forward import NATIVE_NAME, NativeForward, refusal
+from engine.runtime.torch_load import torch_runtime_factory
 from engine.runtime.torch_static import StaticCacheForward, StaticTorchRuntime
 from engine.tree import forward_tree, keep_path
 
@@ -78,8 +78,7 @@ def quantised(model: torch.nn.Module) -> torch.nn.Module:
 def pair_of_runtimes(model, **options) -> tuple[StaticTorchRuntime, StaticTorchRuntime]:
     """(native, torch): the same static runtime with and without the native forward."""
     native = StaticTorchRuntime(model, torch.device("cpu"), 300, **options)
-    torch_only = StaticTorchRuntime(model, torch.device("cpu"), 300, **options)
-    torch_only.native = None
+    torch_only = StaticTorchRuntime(model, torch.device("cpu"), 300, native=False, **options)
     assert native.native is not None and native.name == NATIVE_NAME
     return native, torch_only
 
@@ -102,17 +101,14 @@ def test_native_forward_gives_the_torch_logits_through_chains_trees_and_kept_pat
     converse(rng, runtimes, context, rounds=6, same=close)
 
 
-@pytest.mark.parametrize("measured", [True, False], ids=["measured build", "build never measured"])
-def test_prompts_run_natively_where_measured_and_past_the_kernels_rows_in_torch_elsewhere(measured, monkeypatch):
-    monkeypatch.setattr(native_forward, "measured_here", lambda: measured)
+def test_prompts_run_natively_in_pieces_of_64(monkeypatch):
     calls = []
     original = NativeForward.__call__
     monkeypatch.setattr(NativeForward, "__call__", lambda self, ids, *rest: calls.append(len(ids)) or original(self, ids, *rest))
     native, torch_only = pair_of_runtimes(int8_model("llama", 3))
-    assert native.native.most_tokens == (PROMPT_ROWS if measured else int8_kernel.most_tokens())
     prompt = [random.Random(3).randrange(VOCAB) for _ in range(150)]
     assert_close(native.forward(prompt, logits_wanted=2), torch_only.forward(prompt, logits_wanted=2))
-    assert calls == ([64, 64, 22] if measured else [])  # elsewhere pieces past 16 tokens: torch's
+    assert calls == [64, 64, 22]
     for token in (5, 17, 40):  # steps: native over the keys either forward wrote
         assert_close(native.forward([token]), torch_only.forward([token]))
     assert calls[-3:] == [1, 1, 1]
@@ -171,14 +167,16 @@ def test_what_does_not_run_natively_says_why():
     assert refusal(int8_model("llama", 0), cpu) is None
 
 
-def test_a_native_model_is_not_compiled_and_is_named_so():
+def test_a_native_model_is_not_compiled_and_is_named_so(monkeypatch):
     model = int8_model("llama", 6)
     cpu = torch.device("cpu")
-    assert torch_runtime_name(model, cpu, compile=True) == NATIVE_NAME
-    runtime = torch_runtime_factory(model, cpu, 200, compile=True)(False)
+    monkeypatch.setenv("TANDEM_COMPILE", "1")  # the tests' default is off
+    plan = plan_forward(model, cpu, ForwardSettings.for_pair(compile=True))
+    assert plan.name == NATIVE_NAME
+    runtime = torch_runtime_factory(model, cpu, 200, plan)(False)
     assert isinstance(runtime, StaticTorchRuntime) and runtime.native is not None and runtime.compiler is None
     # and without a compile allowed, still static and native (the eager runtime is slower)
-    runtime = torch_runtime_factory(model, cpu, 200, compile=False)(False)
+    runtime = torch_runtime_factory(model, cpu, 200, plan_forward(model, cpu, ForwardSettings.for_pair(compile=False)))(False)
     assert isinstance(runtime, StaticTorchRuntime) and runtime.native is not None
 
 
@@ -199,23 +197,6 @@ def test_a_partial_rotation_or_feature_layers_outside_the_model_are_refused():
     assert "rotates whole heads" in refusal(partial, torch.device("cpu"))
     with pytest.raises(ValueError, match="feature layers"):
         StaticTorchRuntime(int8_model("llama", 0), torch.device("cpu"), 100, feature_layers=(1, SHAPE["num_hidden_layers"]))
-
-
-def test_on_a_kernel_build_never_measured_only_the_longer_forwards_are_compiled(monkeypatch):
-    from engine.runtime import torch_load
-    from engine.runtime.torch_static import BUCKETS
-
-    model = int8_model("llama", 8)
-    monkeypatch.setattr(torch_load, "measured_here", lambda: False)
-    monkeypatch.setattr(native_forward, "measured_here", lambda: False)
-    monkeypatch.setenv("TANDEM_COMPILE", "1")  # the tests' default is off; nothing is compiled before start_background_work
-    runtime = torch_load.torch_runtime_factory(model, torch.device("cpu"), 200, compile=True)(False)
-    try:
-        assert runtime.native is not None and runtime.compiler is not None
-        compiled_buckets = {bucket for bucket, _window in runtime.compiler._shapes}
-        assert compiled_buckets == {bucket for bucket in BUCKETS if bucket > int8_kernel.most_tokens()}
-    finally:
-        runtime.close()
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "llama-96-wide-heads"])

@@ -23,7 +23,8 @@ from engine.runtime import rms_norm_cuda
 from engine.runtime.rms_norm_cuda import LLAMA_STYLE_NORMS
 from engine.runtime.static_families import static_refusal
 from engine.runtime.torch_eager import TorchRuntime
-from engine.runtime.torch_load import torch_runtime_factory, torch_runtime_name
+from engine.runtime.forward_plan import ForwardSettings, plan_forward
+from engine.runtime.torch_load import torch_runtime_factory
 from engine.runtime.torch_static import BUCKETS, StaticTorchRuntime
 from engine.tree import TokenTree, forward_tree, keep_path
 
@@ -210,15 +211,16 @@ def test_a_model_the_static_runtime_cannot_run_exactly_says_why_and_runs_eagerly
     with pytest.raises(ValueError, match="cannot run this model"):
         static(model)
     cuda = torch.device("cuda")  # neither call touches the GPU: they only choose
-    assert torch_runtime_name(model, cuda) == f"torch (no CUDA graphs: {static_refusal(model)})"
-    assert isinstance(torch_runtime_factory(model, cuda, context_length=64)(False), TorchRuntime)
+    plan = plan_forward(model, cuda, ForwardSettings.for_pair(compile=False))
+    assert plan.name == f"torch (no CUDA graphs: {static_refusal(model)})"
+    assert isinstance(torch_runtime_factory(model, cuda, 64, plan)(False), TorchRuntime)
 
 
 def test_every_new_family_runs_static():
     for family in FAMILIES:
         model = tiny(family)
         assert static_refusal(model) is None, family
-        assert torch_runtime_name(model, torch.device("cuda")) == "torch + CUDA graphs"
+        assert plan_forward(model, torch.device("cuda")).name == "torch + CUDA graphs"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
