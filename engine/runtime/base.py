@@ -12,11 +12,15 @@ tree is verified, `keep_slots` keeps the accepted path and the cache is a chain 
 
 A runtime opened with `feature_layers` also keeps, per slot, the residual stream entering
 those layers (what an EAGLE-3 head drafts from): `features`, compacted with the cache.
+
+`SequenceBatch` is the second contract, for writing many independent replies at once
+(distillation data): sequences in numbered slots, one step feeding each its next token.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -278,3 +282,46 @@ class ModelRuntime(ABC):
             # the cache: start from scratch rather than trust any of it.
             self.reset()
             raise
+
+
+class SequenceBatch(Protocol):
+    """Up to `slots` independent sequences decoded together: each `step` feeds every running
+    sequence its next token in one call over all of them, so the weights are read once for
+    many replies. A sequence's logits are the ones it would get decoded alone; which others
+    share its steps changes nothing but the speed. Each runtime implements it beside its
+    `ModelRuntime` (torch_batch, native_batch, llamacpp_batch); the reply writer drives it.
+
+    A step: `start` the sequences that begin (while `can_start` and `fits` allow), then
+    `step` with the token each running one was given, then `release` those that ended."""
+
+    slots: int  # sequences held at once, numbered 0 .. slots - 1
+    sequence_tokens: int  # prompt + reply tokens one sequence may hold
+
+    def can_start(self) -> bool:
+        """Whether another sequence may start before the next step: how a runtime paces its
+        prompts among the running sequences' steps."""
+        ...
+
+    def fits(self, prompt_length: int) -> bool:
+        """Whether a prompt this long fits beside those started since the last step (False:
+        it starts after the next step)."""
+        ...
+
+    def start(self, slot: int, prompt_ids: list[int]) -> None:
+        """Begin a sequence in a free `slot`; its prompt runs at the next step."""
+        ...
+
+    def step(self, next_tokens: list[tuple[int, int]]) -> tuple[list[int], torch.Tensor]:
+        """Run the prompts started since the last step and feed each (slot, token) to that
+        running sequence. Returns (slots, logits): the slot of each row of the float32
+        (n, V) next-token logits (on the device the model runs on), one row per sequence
+        started or fed. They may be the runtime's own buffer: read them before the next step."""
+        ...
+
+    def release(self, slot: int) -> None:
+        """End the sequence in `slot`; the slot is free for `start` again."""
+        ...
+
+    def close(self) -> None:
+        """Free what the batch holds (its cache, a llama.cpp context)."""
+        ...
