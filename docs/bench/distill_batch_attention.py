@@ -12,8 +12,9 @@ from unittest import mock
 import torch
 from engine.demo_model import demo_gguf_path
 from engine.runtime import llamacpp_library
-from engine.tools.distill.llamacpp_batch import LlamaCppBatchWriter
+from engine.runtime.llamacpp_batch import LlamaCppSequenceBatch
 from engine.tools.distill.replies import Job
+from engine.tools.distill.writer import BatchReplyWriter
 
 api = llamacpp_library.library()
 gguf = llamacpp_library.quantised_copy(demo_gguf_path(), "fp16")
@@ -22,7 +23,7 @@ def run(flash: int, jobs_count=96, slots=64):
     def params():
         p = defaults(); p.flash_attn_type = flash; return p
     with mock.patch.object(api, "llama_context_default_params", params):
-        writer = LlamaCppBatchWriter(gguf, slots, 384)
+        writer = BatchReplyWriter(LlamaCppSequenceBatch(gguf, slots, 384))
     jobs = [Job(i, [1, 9690, 198] + [(i * 131 + t * 7919) % 40000 + 100 for t in range(60)] + [2, 198, 1, 520, 9531, 198], torch.Generator().manual_seed(i)) for i in range(jobs_count)]
     started = time.perf_counter(); tokens = 0
     for reply in writer.write(jobs, 160, 0.7, 32, frozenset([2])):

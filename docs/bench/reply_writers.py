@@ -18,10 +18,10 @@ from engine.models import runtime_gguf
 from engine.prompts import DISTILL_PROMPTS, read_prompts
 from engine.runtime import llamacpp_library
 from engine.tools.distill.data import stop_token_ids
-from engine.tools.distill.llamacpp_batch import LlamaCppBatchWriter
-from engine.tools.distill.native_batch import NativeBatchWriter
+from engine.runtime.llamacpp_batch import LlamaCppSequenceBatch
 from engine.tools.distill.pipeline import MAX_PROMPT_TOKENS, _chat_placed
 from engine.tools.distill.replies import Job
+from engine.tools.distill.writer import BatchReplyWriter, native_batch
 
 NEW_TOKENS, TEMPERATURE, TOP_K = 256, 0.7, 32
 
@@ -46,9 +46,9 @@ def main(jobs_count: int, slot_counts: list[int]) -> None:
 
     rates = {}
     for slots in slot_counts:
-        rates[f"native, {slots} slots"] = run(f"native, {slots} slots", NativeBatchWriter(target, slots, MAX_PROMPT_TOKENS + NEW_TOKENS))
+        rates[f"native, {slots} slots"] = run(f"native, {slots} slots", BatchReplyWriter(native_batch(target, slots, MAX_PROMPT_TOKENS + NEW_TOKENS)))
     gguf = llamacpp_library.quantised_copy(runtime_gguf(ModelSpec("demo-target"), "auto"), "fp16")
-    rates["llama.cpp F16, 128 slots"] = run("llama.cpp F16, 128 slots", LlamaCppBatchWriter(gguf, 128, MAX_PROMPT_TOKENS + NEW_TOKENS))
+    rates["llama.cpp F16, 128 slots"] = run("llama.cpp F16, 128 slots", BatchReplyWriter(LlamaCppSequenceBatch(gguf, 128, MAX_PROMPT_TOKENS + NEW_TOKENS)))
     baseline = rates["llama.cpp F16, 128 slots"]
     for name, rate in rates.items():
         print(f"{name:28s} {rate / baseline:5.2f}x llama.cpp's")

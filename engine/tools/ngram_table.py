@@ -15,8 +15,9 @@ from tqdm import tqdm
 from ..prompts import DISTILL_PROMPTS, read_prompts
 from ..chat_prompt import Message, encode_conversation
 from ..config import DEVICES, ModelSpec
-from .distill.data import GenerationSettings, TorchBatchWriter, stop_token_ids
+from .distill.data import GenerationSettings, stop_token_ids
 from .distill.replies import Job
+from .distill.writer import BatchReplyWriter, torch_batch
 from ..models import LoadedModel, load_model
 from ..drafters.backoff_ngram import TABLE_FILE, NgramCounts
 
@@ -31,7 +32,7 @@ def build_table(
     """Count the n-grams of the draft's sampled replies to `prompts` until `tokens` reply
     tokens; returns the pruned counts and the number of tokens counted."""
     settings = GenerationSettings(temperature=temperature, stored_top_k=1, seed=seed)
-    writer = TorchBatchWriter(draft, settings.batch_size)
+    writer = BatchReplyWriter(torch_batch(draft, settings.batch_size))
     encoded = [encode_conversation(draft.tokenizer, [Message("user", prompt)]) for prompt in prompts]
     counts = NgramCounts()
     counted = 0

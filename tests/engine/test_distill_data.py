@@ -1,5 +1,7 @@
 """The data side of `tandem distill` at scale (issue 12): prompts the target writes itself,
-and replies written many at a time by continuous batching on llama.cpp."""
+and replies written many at a time by the one reply writer over each runtime's sequence batch
+(llama.cpp, the native int8 forward, torch): each greedy reply is the one that runtime writes
+decoding the prompt alone."""
 from __future__ import annotations
 
 import json
@@ -9,6 +11,7 @@ import torch
 
 from engine.tools.distill.prompts import SYNTHETIC_FILE, synthesize_prompts, user_turn_prefix
 from engine.tools.distill.replies import Job, Reply
+from engine.tools.distill.writer import BatchReplyWriter
 from tests.engine.tiny_models import TEMPLATE, WORDS
 
 
@@ -110,13 +113,13 @@ def test_continuous_batching_on_llamacpp_writes_each_reply_as_one_sequence_alone
     """More jobs than slots, prompts of different lengths: every slot is reused, and every
     greedy reply equals the same model decoding that prompt alone (llama.cpp runtime)."""
     pytest.importorskip("llama_cpp")
-    from engine.tools.distill.llamacpp_batch import LlamaCppBatchWriter
     from engine.runtime import llamacpp_library
+    from engine.runtime.llamacpp_batch import LlamaCppSequenceBatch
     from engine.runtime.llamacpp import LlamaCppRuntime, load_weights
 
     gguf = llamacpp_library.quantised_copy(demo_target_path, "fp32")
     prompts = [[1, 504, 3060, 28, 198] * (1 + index % 3) + [2] * index for index in range(7)]
-    writer = LlamaCppBatchWriter(gguf, slots=3, sequence_tokens=64, threads=1)
+    writer = BatchReplyWriter(LlamaCppSequenceBatch(gguf, slots=3, sequence_tokens=64, threads=1))
     try:
         jobs = [Job(key, prompt, torch.Generator().manual_seed(key)) for key, prompt in enumerate(prompts)]
         replies = {reply.key: reply for reply in writer.write(jobs, 6, 0.0, 4, frozenset())}
@@ -153,8 +156,8 @@ def test_continuous_batching_on_the_native_forward_writes_each_reply_as_one_sequ
     from engine.models import LoadedModel
     from engine.runtime import int8_kernel
     from engine.runtime.torch_static import StaticTorchRuntime
-    from engine.tools.distill.native_batch import NativeBatchWriter
     from engine.tools.distill.replies import RunningReply, sample_next
+    from engine.tools.distill.writer import native_batch
     from tests.engine.runtime.test_native_forward import VOCAB, int8_model
 
     if int8_kernel.unavailable_reason() is not None:
@@ -163,7 +166,7 @@ def test_continuous_batching_on_the_native_forward_writes_each_reply_as_one_sequ
     target = LoadedModel(model, None, torch.device("cpu"), torch.float32, "int8-wo", "tiny int8", 256)
     prompts = [[(7 * index + step) % VOCAB for step in range(3 + 9 * index)] for index in range(6)] + [list(range(60)) * 2 + [5] * 10]
     new_tokens, stop = 12, frozenset({3})
-    writer = NativeBatchWriter(target, slots=3, sequence_tokens=160)
+    writer = BatchReplyWriter(native_batch(target, slots=3, sequence_tokens=160))
     jobs = [Job(key, prompt, torch.Generator().manual_seed(key)) for key, prompt in enumerate(prompts)]
     replies = {reply.key: reply for reply in writer.write(jobs, new_tokens, temperature, 4, stop)}
     writer.close()
@@ -171,7 +174,7 @@ def test_continuous_batching_on_the_native_forward_writes_each_reply_as_one_sequ
 
     for key, prompt in enumerate(prompts):
         runtime = StaticTorchRuntime(model, torch.device("cpu"), 160)
-        alone = RunningReply(Job(key, prompt, torch.Generator().manual_seed(key)), position=len(prompt))
+        alone = RunningReply(Job(key, prompt, torch.Generator().manual_seed(key)))
         logits = runtime.forward(prompt)
         while True:
             token = sample_next(logits[-1:], [alone], temperature, 4)[0]
@@ -189,7 +192,7 @@ def test_continuous_batching_on_the_native_forward_writes_each_reply_as_one_sequ
 def test_only_a_target_that_runs_natively_gets_the_native_writer():
     from engine.models import LoadedModel
     from engine.runtime import int8_kernel
-    from engine.tools.distill.native_batch import NativeBatchWriter, native_refusal
+    from engine.tools.distill.writer import native_batch, native_refusal
     from tests.engine.runtime.test_native_forward import int8_model
     from tests.engine.tiny_models import tiny_llama
 
@@ -202,4 +205,35 @@ def test_only_a_target_that_runs_natively_gets_the_native_writer():
     assert native_refusal(natively) is None
     assert "int8" in native_refusal(in_float) and "llama.cpp" in native_refusal(on_llamacpp)
     with pytest.raises(ValueError, match="cannot write fp32's replies"):
-        NativeBatchWriter(in_float, 2, 32)
+        native_batch(in_float, 2, 32)
+
+
+def test_batched_torch_writes_each_greedy_reply_as_the_torch_runtime_writes_it_alone():
+    """Fixed batches over transformers' cache, prompts of different lengths left-padded, more
+    jobs than slots, replies that stop early: every greedy reply is the torch runtime's plain
+    decoding of that prompt alone."""
+    from engine.runtime.torch_batch import TorchSequenceBatch
+    from tests.engine.tiny_models import cached, tiny_llama
+
+    model = tiny_llama(23)
+    prompts = [[(5 * index + step) % 64 for step in range(2 + 3 * index)] for index in range(7)]
+    new_tokens, stop = 10, frozenset({7, 11})
+    writer = BatchReplyWriter(TorchSequenceBatch(model, torch.device("cpu"), 3, 64, usable_vocab=64, pad_id=0))
+    jobs = [Job(key, prompt, torch.Generator().manual_seed(key)) for key, prompt in enumerate(prompts)]
+    replies = {reply.key: reply for reply in writer.write(jobs, new_tokens, 0.0, 4, stop)}
+    writer.close()
+    assert sorted(replies) == list(range(len(prompts)))
+
+    for key, prompt in enumerate(prompts):
+        runtime = cached(model)
+        logits = runtime.forward(prompt)
+        expected = []
+        while True:
+            token = int(logits[-1].argmax())
+            expected.append(token)
+            if token in stop or len(expected) == new_tokens:
+                break
+            logits = runtime.forward([token])
+        assert replies[key].reply_ids == expected, key
+        assert replies[key].top_ids[:, 0].tolist() == expected
+    assert 0 < sum(reply.stopped for reply in replies.values()) < len(prompts)  # a row ended early too

@@ -4,8 +4,8 @@ distribution and not only the tokens it happened to sample.
 
 Data is written in shards of finished replies. Every reply's prompt and random seed follow
 from its key alone, so an interrupted run regenerates exactly what it lost and a finished
-reply is never written twice. Replies come from a `ReplyWriter`: batched torch here (the
-GPU's way), continuous batching on llama.cpp in `llamacpp_batch.py` (the CPU's).
+reply is never written twice. Replies come from a `ReplyWriter`: `writer.BatchReplyWriter`
+over whichever runtime's sequence batch suits the target.
 """
 from __future__ import annotations
 
@@ -16,12 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from ...chat_prompt import Message, encode_conversation
 from ...errors import TandemError
 from ...models import LoadedModel
-from ...sampling import Sampler, draw_each_row
 from .replies import Job, Reply, ReplyWriter
 
 SHARD_FORMAT = 2  # 2: sequences carry their reply key
@@ -153,134 +151,12 @@ def generate_split(
     return SplitOutcome(total["tokens"] >= token_budget, sum(masses) / len(masses) if masses else None)
 
 
-class TorchBatchWriter:
-    """Replies sampled with the torch model, `batch_size` sequences per forward (fixed
-    batches: the fastest way on a GPU, where a batch's forward costs what one sequence's does)."""
-
-    def __init__(self, target: LoadedModel, batch_size: int):
-        self.target = target
-        self.batch_size = batch_size
-        self.sequence_tokens = target.context_length
-
-    def write(self, jobs, max_new_tokens, temperature, stored_top_k, stop_ids, should_stop=lambda: False) -> Iterator[Reply]:
-        batch: list[Job] = []
-        for job in jobs:
-            batch.append(job)
-            if len(batch) == self.batch_size:
-                if should_stop():
-                    return
-                yield from self._batch(batch, max_new_tokens, temperature, stored_top_k, stop_ids, should_stop)
-                batch = []
-        if batch and not should_stop():
-            yield from self._batch(batch, max_new_tokens, temperature, stored_top_k, stop_ids, should_stop)
-
-    def _batch(self, jobs, max_new_tokens, temperature, stored_top_k, stop_ids, should_stop) -> list[Reply]:
-        if should_stop():
-            return []
-        settings = GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature, stored_top_k=stored_top_k)
-        return sample_replies(self.target, jobs, settings, stop_ids, pad_token_id(self.target.tokenizer, stop_ids), should_stop) or []
-
-    def close(self) -> None:
-        pass
-
-
-@torch.inference_mode()
-def sample_replies(
-    target: LoadedModel,
-    jobs: list[Job],
-    settings: GenerationSettings,
-    stop_ids: frozenset[int],
-    pad_id: int,
-    should_stop: StopCheck,
-) -> list[Reply] | None:
-    """Sample one reply per job in one left-padded batch; None if stopped midway. Ids are the
-    tokenizer's throughout, also for a reduced-vocabulary model (a draft)."""
-    model, device, vocabulary = target.model, target.device, target.vocabulary
-    in_model = vocabulary.to_model_ids if vocabulary is not None else (lambda ids: ids)
-    full_logits = vocabulary.full_logits if vocabulary is not None else (lambda logits: logits)
-    prompt_ids = [job.prompt_ids for job in jobs]
-    batch, width = len(prompt_ids), max(len(ids) for ids in prompt_ids)
-    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((batch, width), dtype=torch.long)
-    for row, ids in enumerate(prompt_ids):
-        input_ids[row, width - len(ids) :] = torch.tensor(ids)
-        attention_mask[row, width - len(ids) :] = 1
-    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # (B, T): each prompt starts at 0
-    cache = DynamicCache(config=model.config)
-    sampler = Sampler(temperature=settings.temperature)
-    stop_tensor = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
-    usable_vocab = min(len(target.tokenizer), model.config.vocab_size if vocabulary is None else vocabulary.full_size)
-
-    logits = full_logits(model(
-        input_ids=in_model(input_ids), attention_mask=attention_mask, position_ids=position_ids,
-        past_key_values=cache, use_cache=True, logits_to_keep=1,
-    ).logits[:, -1])  # (B, V)
-    next_position = position_ids[:, -1:] + 1  # (B, 1)
-    finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    tokens, top_ids, top_logprobs = [], [], []
-    for step in range(settings.max_new_tokens):
-        if should_stop():
-            return None
-        # Embedding rows past the tokenizer are padding and must never be sampled.
-        logits = logits.float()[:, :usable_vocab]
-        logprobs = torch.log_softmax(logits, dim=-1)  # temperature 1: the distribution to learn
-        best = torch.topk(logprobs, max(settings.stored_top_k, 1), dim=-1)
-        token = draw_each_row(sampler.probabilities(logits), [job.generator for job in jobs])  # (B,) on the device
-        token = torch.where(finished, torch.full_like(token, pad_id), token)
-        tokens.append(token.cpu())
-        top_ids.append(best.indices[:, : settings.stored_top_k].cpu())
-        top_logprobs.append(best.values[:, : settings.stored_top_k].cpu())
-        finished |= torch.isin(token, stop_tensor)
-        if bool(finished.all()) or step + 1 == settings.max_new_tokens:
-            break
-        attention_mask = torch.cat([attention_mask, torch.ones((batch, 1), dtype=torch.long, device=device)], dim=1)
-        logits = full_logits(model(
-            input_ids=in_model(token[:, None]), attention_mask=attention_mask, position_ids=next_position,
-            past_key_values=cache, use_cache=True,
-        ).logits[:, -1])
-        next_position = next_position + 1
-    return _replies(jobs, torch.stack(tokens, 1), torch.stack(top_ids, 1), torch.stack(top_logprobs, 1), stop_ids)
-
-
-def _replies(
-    jobs: list[Job],
-    tokens: torch.Tensor,  # (B, S)
-    top_ids: torch.Tensor,  # (B, S, k)
-    top_logprobs: torch.Tensor,  # (B, S, k)
-    stop_ids: frozenset[int],
-) -> list[Reply]:
-    """Cut each row of a batch after its first stop token (kept: the draft must learn to stop)."""
-    replies = []
-    for row, job in enumerate(jobs):
-        reply = tokens[row].tolist()
-        length = next((index + 1 for index, token in enumerate(reply) if token in stop_ids), len(reply))
-        replies.append(
-            Reply(
-                key=job.key,
-                prompt_ids=job.prompt_ids,
-                reply_ids=reply[:length],
-                top_ids=top_ids[row, :length].to(torch.int32),
-                top_logprobs=top_logprobs[row, :length].to(torch.float16),
-                stopped=reply[length - 1] in stop_ids,
-                sampled_mass=1.0,  # sampled from the whole distribution
-            )
-        )
-    return replies
-
-
 def stop_token_ids(target: LoadedModel) -> frozenset[int]:
     """Every id the target's configs and tokenizer call end-of-sequence."""
     ids = target.stop_token_ids
     if not ids:
         raise TandemError("The target names no end-of-sequence token, so its replies would never end.")
     return ids
-
-
-def pad_token_id(tokenizer: Any, stop_ids: frozenset[int]) -> int:
-    # Padding is masked out everywhere; any id will do, and a stop id always exists.
-    pad = getattr(tokenizer, "pad_token_id", None)
-    return int(pad) if isinstance(pad, int) else min(stop_ids)
 
 
 # Shards on disk

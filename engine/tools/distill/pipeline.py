@@ -35,13 +35,12 @@ from ...models import LoadedModel, load_model, load_tokenizer_only, resolve_sour
 from ...models import runtime_gguf
 from ...runtime_choice import load_choice, placement
 from ...runtime import llamacpp_library, llamacpp_process
-from .data import GenerationSettings, TorchBatchWriter, generate_split, load_split, split_prompts
-from .llamacpp_batch import LlamaCppBatchWriter
-from .native_batch import NativeBatchWriter, native_refusal
+from .data import GenerationSettings, generate_split, load_split, split_prompts
 from .prompts import synthesize_prompts
-from .replies import ReplyWriter
+from .writer import BatchReplyWriter, native_batch, native_refusal, torch_batch
 from .vocabulary import choose_vocabulary, coverage, in_model_ids
 from ...runtime.eagle3_head import save_head
+from ...runtime.llamacpp_batch import LlamaCppSequenceBatch
 from ...runtime.reduced_vocabulary import ReducedVocabulary
 from .model import (
     DEFAULT_PREFIX_LAYERS, INITS, PREFIX, PRESETS, SIZES, DraftShape, build_draft, build_prefix_draft, forward_ms,
@@ -355,11 +354,12 @@ class Distillation:
     def _data_complete(self) -> bool:
         return (self.work_dir / DATA_DONE_FILE).exists()
 
-    def _reply_writer(self, target: LoadedModel, message: Callable[[str], None]) -> ReplyWriter:
-        """Continuous batching on the native int8 forward where the target runs on it (the
-        replies chats would sample, 7.3× llama.cpp's batches here: docs/BENCHMARKS.md), else on
-        llama.cpp where the target has a GGUF file and runs on the CPU (3× batched torch
-        there); batched torch elsewhere (a GPU's batch is nearly free)."""
+    def _reply_writer(self, target: LoadedModel, message: Callable[[str], None]) -> BatchReplyWriter:
+        """The one reply writer over the runtime whose sequence batch suits the target: the
+        native int8 forward where the target runs on it (the replies chats would sample, 7.3×
+        llama.cpp's batches here: docs/BENCHMARKS.md), else llama.cpp where the target has a
+        GGUF file and runs on the CPU (3× batched torch there); batched torch elsewhere (a
+        GPU's batch is nearly free)."""
         generation = self.settings.generation
         sequence_tokens = MAX_PROMPT_TOKENS + generation.max_new_tokens
         if target.device.type == "cpu":
@@ -367,7 +367,7 @@ class Distillation:
             placed = _chat_placed(self.settings.target)
             if native_refusal(placed) is None:
                 message(f"Writing replies with the native int8 forward, {generation.batch_size} at a time.")
-                return NativeBatchWriter(placed, generation.batch_size, sequence_tokens, owns_target=True)
+                return BatchReplyWriter(native_batch(placed, generation.batch_size, sequence_tokens), on_close=placed.close)
             placed.close()
         spec = ModelSpec(self.settings.target)
         # Not where llama.cpp must keep out of this process (llamacpp_process.wanted): the
@@ -376,11 +376,11 @@ class Distillation:
         gguf = runtime_gguf(spec, "auto") if on_llamacpp else None
         if gguf is None:
             message(f"Writing replies with torch on {target.device.type}, {generation.batch_size} at a time.")
-            return TorchBatchWriter(target, generation.batch_size)
+            return BatchReplyWriter(torch_batch(target, generation.batch_size))
         # F16 holds a Q4/Q8 file's weights exactly and batches faster than Q8_0 on a CPU.
         gguf = llamacpp_library.quantised_copy(gguf, "fp16")
         message(f"Writing replies with llama.cpp ({gguf.name}), {generation.batch_size} at a time.")
-        return LlamaCppBatchWriter(gguf, generation.batch_size, sequence_tokens)
+        return BatchReplyWriter(LlamaCppSequenceBatch(gguf, generation.batch_size, sequence_tokens))
 
     def _prompts(self, writer, target, should_stop, progress) -> list[str] | None:
         """The prompts file's prompts, then as many as asked for that the target wrote itself."""

@@ -1,6 +1,5 @@
-"""What a reply writer is given and gives back, whichever runtime writes the replies
-(`data.TorchBatchWriter`, `llamacpp_batch.LlamaCppBatchWriter`, `native_batch.NativeBatchWriter`),
-and how the continuous-batching writers draw a running reply's next token."""
+"""What a reply writer is given and gives back (`writer.BatchReplyWriter`, over whichever
+runtime's sequence batch), and how a running reply's next token is drawn."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
@@ -49,19 +48,18 @@ class ReplyWriter(Protocol):
     def close(self) -> None: ...
 
 
-# The continuous-batching writers draw from the target's SAMPLED_TOP_K most likely tokens
-# only: a softmax and a draw over the whole 49k-token vocabulary per row cost more than a
-# decode on the CPU. At the temperatures used for data (0.7-1.0) those tokens hold all but a
-# sliver of the probability; `Reply.sampled_mass` records how much.
+# Replies are drawn from the target's SAMPLED_TOP_K most likely tokens only: a softmax and a
+# draw over the whole 49k-token vocabulary per row cost more than a decode on the CPU. At the
+# temperatures used for data (0.7-1.0) those tokens hold all but a sliver of the probability;
+# `Reply.sampled_mass` records how much.
 SAMPLED_TOP_K = 64
 
 
 @dataclass
 class RunningReply:
-    """A reply being written: its job, the position of its next token, what it has so far."""
+    """A reply being written: its job and what it has so far."""
 
     job: Job
-    position: int
     reply: list[int] = field(default_factory=list)
     top_ids: list[torch.Tensor] = field(default_factory=list)
     top_logprobs: list[torch.Tensor] = field(default_factory=list)
@@ -82,25 +80,29 @@ def check_prompt_fits(prompt_ids: list[int], sequence_tokens: int, max_new_token
 
 def sample_next(logits: torch.Tensor, states: list[RunningReply], temperature: float, stored_top_k: int) -> list[int]:
     """Each row's next token for its reply (row i: states[i]), drawn from the row's top
-    SAMPLED_TOP_K with the reply's own generator; records the row's top-k log-probs."""
-    best = torch.topk(logits, max(SAMPLED_TOP_K, stored_top_k), dim=-1)
-    logprobs = best.values - torch.logsumexp(logits, dim=-1, keepdim=True)
+    SAMPLED_TOP_K with the reply's own generator; records the row's top-k log-probs. The
+    logits may lie on a GPU: only the candidates come to the host, where the generators are."""
+    best = torch.topk(logits, min(max(SAMPLED_TOP_K, stored_top_k), logits.shape[-1]), dim=-1)
+    indices = best.indices.cpu()
+    logprobs = (best.values - torch.logsumexp(logits, dim=-1, keepdim=True)).cpu()
+    # The stored top-k converted for all rows at once rather than a few tensor ops per row.
+    top_ids = indices[:, :stored_top_k].to(torch.int32).unbind(0)
+    top_logprobs = logprobs[:, :stored_top_k].to(torch.float16).unbind(0)
     if temperature > 0:
-        tempered = torch.softmax(best.values / temperature, dim=-1)
+        tempered = torch.softmax(best.values / temperature, dim=-1).cpu()
         # what the candidates hold of the whole tempered distribution
-        mass = torch.exp(best.values / temperature - torch.logsumexp(logits / temperature, dim=-1, keepdim=True)).sum(-1)
+        masses = torch.exp(best.values / temperature - torch.logsumexp(logits / temperature, dim=-1, keepdim=True)).sum(-1).tolist()
+        picks = [int(torch.multinomial(tempered[row], 1, generator=state.job.generator)) for row, state in enumerate(states)]
+    else:
+        masses, picks = [1.0] * len(states), [0] * len(states)
+    candidates = indices.tolist()
     tokens = []
     for row, state in enumerate(states):
-        if temperature > 0:
-            pick = int(torch.multinomial(tempered[row], 1, generator=state.job.generator))
-            state.mass += float(mass[row])
-        else:
-            pick = 0
-            state.mass += 1.0
-        tokens.append(int(best.indices[row, pick]))
+        state.mass += masses[row]
+        tokens.append(candidates[row][picks[row]])
         if stored_top_k:
-            state.top_ids.append(best.indices[row, :stored_top_k].to(torch.int32))
-            state.top_logprobs.append(logprobs[row, :stored_top_k].to(torch.float16))
+            state.top_ids.append(top_ids[row])
+            state.top_logprobs.append(top_logprobs[row])
     return tokens
 
 
