@@ -194,8 +194,7 @@ class SpeedPanel(QDockWidget):
             f"{description.get('device', '?')}, {description.get('precision', '?')}"
         )
         self.values["runtime"].setText(description.get("runtime", "torch"))
-        chosen = description.get("runtime_choice")
-        self.values["runtime"].setToolTip(f"{fmt.FIGURE_TIPS['runtime']}\n\nChosen by measurement: {chosen}" if chosen else fmt.FIGURE_TIPS["runtime"])
+        self.values["runtime"].setToolTip(runtime_tip(description))
         self.values["memory"].setText(fmt.memory(description.get("memory_mb")))
 
     def _add_row(self, grid: QGridLayout, key: str, title: str, value: QWidget) -> None:
@@ -337,3 +336,14 @@ class SpeedPanel(QDockWidget):
         else:
             for index, value in enumerate(rates):
                 self.position_set.replace(index, value * 100)
+
+
+def runtime_tip(description: dict) -> str:
+    """The runtime's hover text: what a runtime is, the forward the engine planned for the
+    target (which engine runs which rows, and why) and what `tandem tune` chose, where known."""
+    parts = [fmt.FIGURE_TIPS["runtime"]]
+    if description.get("forward_plan"):
+        parts.append(f"Forward plan: {description['forward_plan']}")
+    if description.get("runtime_choice"):
+        parts.append(f"Chosen by measurement: {description['runtime_choice']}")
+    return "\n\n".join(parts)

@@ -154,6 +154,7 @@ class LoadedPair:
             "eagle": Path(self.config.eagle).name if self.eagle_runner is not None and self.config.eagle else None,
             "device": str(self.target.device),
             "runtime": self.runtime_label,
+            "forward_plan": self.target.forward_plan_line,  # None on llama.cpp
             "precision": self.target.precision,
             "context_length": self.context_length,
             "memory_mb": memory_in_use_mb(self.target.device),

@@ -116,10 +116,6 @@ class ForwardPlan:
         """Whether the static runtime runs the model (else the eager one)."""
         return bool(self.engines & STATIC_ENGINES)
 
-    @property
-    def compiles(self) -> bool:
-        return COMPILED in self.engines
-
     def describe(self) -> str:
         """One line for the log, the speed panel, `tandem bench` and `tandem tune`."""
         line = f"{self.name}: " + "; ".join(part.describe() for part in self.ranges)
@@ -156,8 +152,9 @@ def plan_forward(model: torch.nn.Module, device: torch.device, settings: Forward
         return plan(f"torch (not compiled: {static_reason})", EAGER, f"not compiled; {not_native}")
     if settings.static_cache:
         return plan("torch (static cache)", STATIC_EAGER, f"not compiled; {not_native}")
-    off = "CUDA graphs are off (TANDEM_CUDA_GRAPHS=0)" if device.type == "cuda" else "compiling is off for this pair"
-    return plan("torch", EAGER, off if device.type == "cuda" else f"{off}; {not_native}")
+    if device.type == "cuda":
+        return plan("torch", EAGER, "CUDA graphs are off (TANDEM_CUDA_GRAPHS=0)")
+    return plan("torch", EAGER, f"not compiled (the pair's setting, or TANDEM_COMPILE=0); {not_native}")
 
 
 def int8_kernel_runs_on(device: torch.device) -> bool:

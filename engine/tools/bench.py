@@ -400,7 +400,8 @@ def format_table(report: dict) -> str:
         f"{'drafts/call':>11} {'stage acc':>9} {'exact':>6} {'nll':>6} {'rougeL':>6} {'peak MB':>8}"
         + (f" {predicted:>22}" if table else "")
     )
-    lines = [header, "-" * len(header)]
+    plan = report.get("pair", {}).get("forward_plan")  # the target's, on torch
+    lines = ([f"target forward plan: {plan}", ""] if plan else []) + [header, "-" * len(header)]
 
     def show(value, pattern: str) -> str:
         return pattern.format(value) if value is not None else "—"

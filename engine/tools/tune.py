@@ -137,6 +137,7 @@ def tune(
     replies: dict[str, MethodResult] | None = None
     measured_on: Candidate | None = None
     confirmed: dict[Candidate, tuple[str, float]] = {}  # each candidate's predicted-best method, as measured
+    plans: dict[str, str] = {}  # each torch candidate's forward plan for the target
     machine: dict[str, Any] = {}
     settings = settings.with_changes(tree_shape=TREE_SHAPE)
     for candidate in candidates:
@@ -147,6 +148,9 @@ def tune(
             skipped[candidate.label] = str(error)
             progress(f"{candidate.label}: skipped ({error})")
             continue
+        if pair.target.forward_plan_line:
+            plans[candidate.label] = pair.target.forward_plan_line
+            progress(f"{candidate.label}: forward plan {pair.target.forward_plan_line}")
         try:
             _measure(candidate, pair, tables, machine, progress)
             if replies is None:
@@ -182,6 +186,7 @@ def tune(
         "predicted_tokens_per_s": predicted,
         "confirmed": {candidate.label: {"method": m, "tokens_per_s": s} for candidate, (m, s) in confirmed.items()},
         "cost_tables": {candidate.label: table.to_dict() for candidate, table in tables.items()},
+        "forward_plans": plans,
         "skipped": skipped,
     }
 
@@ -223,6 +228,8 @@ def format_report(report: dict[str, Any]) -> str:
                      + f"   {verify['1']:.1f}/{verify['8']:.1f}")
     for label, reason in report["skipped"].items():
         lines.append(f"{label.ljust(width)}skipped: {reason}")
+    for label, plan in report.get("forward_plans", {}).items():
+        lines.append(f"{label.ljust(width)}forward plan: {plan}")
     lines += ["", "Measured, each runtime with the method predicted fastest on it: "
               + ", ".join(f"{label} {row['method']} {row['tokens_per_s']:.1f} tok/s" for label, row in report["confirmed"].items())]
     chosen = report["chosen"]

@@ -6,7 +6,7 @@ import pytest
 from PySide6.QtWidgets import QLabel
 
 from app.figures import FIGURE_TIPS, calls_saved, detail_rows
-from app.speed_panel import SpeedPanel
+from app.speed_panel import SpeedPanel, runtime_tip
 from engine.config import DecodeSettings
 from engine.drafters.auto import PLAIN, MethodChooser, SpeedRecord
 from engine.drafters.base import NoDrafter
@@ -24,6 +24,17 @@ def test_every_figure_has_a_one_sentence_tooltip_on_its_name_and_its_value(ready
         assert tip.endswith(".") and tip.count(". ") <= 1  # a sentence or two, not an essay
     assert panel.share_bar.toolTip() == FIGURE_TIPS["time_share"] and panel.speed.toolTip() == FIGURE_TIPS["speed"]
     assert "tok/call" in FIGURE_TIPS["per_call"]
+
+
+def test_the_runtime_shows_the_engines_forward_plan_and_tunes_choice_on_hover(qtbot):
+    panel = SpeedPanel()
+    qtbot.addWidget(panel)
+    plan = "torch (native int8 forward): native C for every row count (why); precision int8-wo (the default on the CPU)"
+    panel.set_pair({"runtime": "torch (native int8 forward)", "forward_plan": plan, "runtime_choice": "torch, chosen by tandem tune"})
+    tip = panel.values["runtime"].toolTip()
+    assert panel.values["runtime"].text() == "torch (native int8 forward)"
+    assert tip.startswith(FIGURE_TIPS["runtime"]) and f"Forward plan: {plan}" in tip and "Chosen by measurement: torch" in tip
+    assert runtime_tip({"runtime": "llama.cpp", "forward_plan": None}) == FIGURE_TIPS["runtime"]  # llama.cpp plans its own
 
 
 def test_the_saving_the_calls_and_the_tokens_per_call_add_up_with_the_end_token():

@@ -65,6 +65,9 @@ def test_bench_reports_every_method_with_ratios_from_one_run(tmp_path, demo_targ
         assert report["tree_shapes"][method]["rounds"] > 0
     table = capsys.readouterr().out
     assert "hf-assisted" in table and "tok/s" in table
+    # the target's forward plan heads the table, as the JSON has it
+    assert "precision fp32 (the pair's setting)" in report["pair"]["forward_plan"]
+    assert f"target forward plan: {report['pair']['forward_plan']}" in table
     assert all(f"{method} (auto shape): verify ms by tokens" in table for method in tree_methods)
 
 

@@ -17,7 +17,7 @@ from engine.stats import GenerationStats
 from engine.tools.bench import MethodResult, RunRecord
 from engine.tools.costs import CostTable
 from engine.models import resolve_precision
-from engine.tools.tune import Candidate, choose, default_candidates, predicted_tokens_per_s, tune
+from engine.tools.tune import Candidate, choose, default_candidates, format_report, predicted_tokens_per_s, tune
 from tests.engine.discovery.fake_machine import write_gguf
 from tests.engine.tiny_models import tiny_gguf, tiny_llama
 
@@ -141,6 +141,9 @@ def test_tune_measures_each_runtime_saves_the_fastest_and_auto_then_loads_it(two
     assert loaded == [("llama.cpp", "Q8_0", "torch"), ("torch", "fp32", "torch")]
     assert set(report["cost_tables"]) == {"llama.cpp", "torch fp32"}
     assert report["skipped"] == {"torch bf16": "Not enough memory for the target in bf16."}
+    # each torch candidate's forward plan, as its target loaded (llama.cpp has none)
+    assert list(report["forward_plans"]) == ["torch fp32"] and "precision fp32 (the pair's setting)" in report["forward_plans"]["torch fp32"]
+    assert f"forward plan: {report['forward_plans']['torch fp32']}" in format_report(report)
     # The replies were written once, on the first candidate, with every exact method the pair
     # offers; re-priced with that candidate's own table they come back at their measured speed.
     assert report["replies_measured_on"] == "llama.cpp"

@@ -31,7 +31,7 @@ def int8_llama(seed: int = 2) -> torch.nn.Module:
 @kernel_builds
 def test_an_int8_llama_on_the_cpu_runs_natively_where_the_kernel_builds():
     plan = plan_forward(int8_llama(), CPU)
-    assert plan.name == NATIVE_NAME and plan.engines == {NATIVE} and plan.static_cache and not plan.compiles
+    assert plan.name == NATIVE_NAME and plan.engines == {NATIVE} and plan.static_cache
     assert plan.engine_for(1) == plan.engine_for(64) == NATIVE
     reason = plan.ranges[0].reason
     assert int8_kernel.variant_name() in reason and "float32 on the CPU" in reason
@@ -53,7 +53,7 @@ def test_without_the_kernel_the_plan_is_torch_and_says_why(monkeypatch):
 def test_a_build_never_measured_runs_every_row_natively_too_and_says_so(build, said, monkeypatch):
     monkeypatch.setattr(int8_kernel, "variant_name", lambda: build)
     plan = plan_forward(int8_llama(), CPU, ForwardSettings(compile=True))
-    assert plan.engines == {NATIVE} and not plan.compiles  # prompt pieces of 64: no row left to compile
+    assert plan.engines == {NATIVE}  # prompt pieces of 64: no row left to compile
     assert said in plan.ranges[0].reason
 
 
@@ -61,7 +61,7 @@ def test_settings_change_the_plan(monkeypatch):
     float_model = tiny_llama(seed=3)
     assert plan_forward(float_model, CPU).engines == {EAGER}
     compiled = plan_forward(float_model, CPU, ForwardSettings(compile=True))
-    assert compiled.name == "torch (static cache)" and compiled.engines == {COMPILED} and compiled.compiles
+    assert compiled.name == "torch (static cache)" and compiled.engines == {COMPILED} and compiled.static_cache
     assert plan_forward(float_model, CPU, ForwardSettings(static_cache=True)).engines == {STATIC_EAGER}
     assert plan_forward(float_model, CUDA).engines == {CUDA_GRAPHS}
     assert plan_forward(float_model, CUDA, ForwardSettings(graphs=False)).name == "torch"
