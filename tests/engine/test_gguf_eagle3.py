@@ -23,7 +23,7 @@ from engine.cli import main
 from engine.config import DEMO_EAGLE_FOLDER
 from engine.demo_model import demo_gguf_path
 from engine.runtime.cpu import repacking_crashes
-from engine.runtime.eagle3_head import Eagle3Head, save_head
+from engine.runtime.eagle3_head import Eagle3Head, load_head, save_head
 from engine.tools.gguf_draft_for_target import DraftPairingError
 from engine.tools.gguf_eagle3 import export_eagle3_gguf
 
@@ -118,9 +118,9 @@ def test_d2t_holds_absolute_target_ids_as_int64(target, head_folder, tmp_path):
     path = export_eagle3_gguf(head_folder, target, tmp_path / "head.gguf", "q8_0")
     d2t = next(tensor for tensor in GGUFReader(path).tensors if tensor.name == "d2t")
     assert d2t.tensor_type == GGMLQuantizationType.I64
-    head = tiny_head(seed=7, vocab_size=TARGET_VOCABULARY, draft_vocab=DRAFT_VOCABULARY, head_dim=HEAD_DIM)
-    expected = (torch.arange(DRAFT_VOCABULARY) + head.d2t).numpy()  # draft id + offset
-    assert np.array_equal(np.asarray(d2t.data), expected)
+    offsets = load_head(head_folder).d2t  # the published layout: target id = draft id + offset
+    expected = (torch.arange(DRAFT_VOCABULARY) + offsets).numpy()
+    assert offsets.any() and np.array_equal(np.asarray(d2t.data), expected)
     assert len(set(expected.tolist())) == DRAFT_VOCABULARY and expected.max() < TARGET_VOCABULARY
 
 
@@ -197,8 +197,6 @@ def tandem_logits(head: Eagle3Head, embedding: torch.nn.Embedding, token_ids: li
 
 
 def llama_cpp_and_tandem_logits(llama_cpp, target, target_model, head_folder, path):
-    from engine.runtime.eagle3_head import load_head
-
     head = load_head(head_folder)
     features = torch.randn(len(TOKENS), HIDDEN, generator=torch.Generator().manual_seed(5)) * 3
     runner = Eagle3Runner(llama_cpp, target, path)
