@@ -120,6 +120,11 @@ def _parser() -> argparse.ArgumentParser:
         "its plain decoding, ngram-mod and draft-model speculation on the target's GGUF with the same prompts",
     )
     bench.add_argument("--llama-server-draft", type=Path, metavar="GGUF", help="the draft GGUF of the llama-server-draft row")
+    bench.add_argument(
+        "--llama-server-target", type=Path, metavar="GGUF",
+        help="the target GGUF the llama-server rows run (default: the target's own file): the same weights where "
+             "Tandem runs a folder, so that both are timed in one run",
+    )
     bench.set_defaults(run=_run_bench)
 
     serve = commands.add_parser(
@@ -370,9 +375,10 @@ def _run_bench(args: argparse.Namespace) -> int:
         entries = entries[: args.limit]
     prompts, kinds = [prompt for prompt, _ in entries], [kind for _, kind in entries]
     cost_table = CostTable.load(args.cost_table) if args.cost_table else None  # a bad file fails before the load
-    if args.llama_server_draft is not None and not args.llama_server_draft.is_file():
-        raise ConfigError(f"no draft GGUF at {args.llama_server_draft}")
-    server = ServerPeer(llama_server.find_binary(args.llama_server), args.llama_server_draft)
+    for given, what in ((args.llama_server_draft, "draft"), (args.llama_server_target, "target")):
+        if given is not None and not given.is_file():
+            raise ConfigError(f"no {what} GGUF at {given}")
+    server = ServerPeer(llama_server.find_binary(args.llama_server), args.llama_server_draft, args.llama_server_target)
     pair = _load(_pair_from_args(args))
     if pair.has_background_work:
         # The bench times the runtime a user has once the compile is done, not the compile.

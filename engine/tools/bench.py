@@ -170,7 +170,7 @@ def available_methods(pair: LoadedPair, server: ServerPeer | None = None) -> lis
         if runs is not None and (given is None or runs.resolve() != given.resolve()):
             peers.append("llamacpp-ar-same")  # only where Tandem runs another file than the one given
     if server is not None:
-        peers += llama_server.offered(server.binary, _target_gguf(pair), server.draft_gguf)
+        peers += llama_server.offered(server.binary, server.target_gguf or _target_gguf(pair), server.draft_gguf)
     return [m for m in ENGINE_METHODS if m in pair.methods] + peers
 
 
@@ -195,10 +195,12 @@ def parse_methods(text: str, available: tuple[str, ...]) -> list[str]:
 
 @dataclass(frozen=True)
 class ServerPeer:
-    """Where llama.cpp's own llama-server is, and the draft GGUF its speculative row drafts with."""
+    """Where llama.cpp's own llama-server is, the draft GGUF its speculative row drafts with, and
+    the target GGUF it runs where Tandem's target is a folder (the same weights, converted)."""
 
     binary: Path | None
     draft_gguf: Path | None = None
+    target_gguf: Path | None = None
 
 
 class Bench:
@@ -297,11 +299,11 @@ class Bench:
         return run
 
     def _server_runner(self, method: str) -> Callable[..., tuple[tuple[int, ...], float, GenerationStats | None]]:
-        pair, binary, target_gguf = self.pair, self.server.binary, _target_gguf(self.pair)
+        pair, binary, target_gguf = self.pair, self.server.binary, self.server.target_gguf or _target_gguf(self.pair)
         if binary is None:
             raise ConfigError(f"{method} needs llama.cpp's llama-server: give --llama-server PATH or set ${llama_server.ENVIRONMENT_VARIABLE}")
         if target_gguf is None:
-            raise ConfigError(f"{method} needs a target that runs from a .gguf file (the demo target does)")
+            raise ConfigError(f"{method} needs a target GGUF: a target that runs from one, or --llama-server-target")
         arguments = llama_server.server_arguments(method, target_gguf, self.server.draft_gguf, pair.context_length,
                                                   torch.get_num_threads(), self.settings)
         server = llama_server.LlamaServer(binary, arguments)

@@ -120,6 +120,18 @@ def test_the_rows_are_offered_only_with_a_program_and_a_target_gguf(stand_in, pa
     assert available_methods(pair, ServerPeer(program))[-2:] == ["llama-server", "llama-server-ngram"]
     assert available_methods(pair, ServerPeer(program, Path("d.gguf")))[-1] == "llama-server-draft"
     assert not {"llama-server", "llama-server-ngram"} & set(available_methods(pair, ServerPeer(None)))
+    folder_target = LoadedPair(PairConfig("folder", ModelSpec(str(program.parent))), pair.target, None)
+    assert "llama-server" not in available_methods(folder_target, ServerPeer(program))
+    assert "llama-server" in available_methods(folder_target, ServerPeer(program, target_gguf=Path("t.gguf")))
+
+
+def test_a_target_gguf_given_for_the_rows_is_what_the_server_runs(stand_in, pair):
+    program, log = stand_in
+    given = Path("/models/same-weights.q8_0.gguf")
+    bench = Bench(pair, DecodeSettings(max_new_tokens=2), server=ServerPeer(program, target_gguf=given))
+    bench.run(["w1 w2 w3"], ["llama-server"], progress=lambda _: None)
+    starts, _ = logged(log)
+    assert starts[0][starts[0].index("-m") + 1] == str(given)
 
 
 def test_the_bench_sends_tandems_prompt_ids_and_scores_the_servers_replies(stand_in, pair):
