@@ -57,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     # 14 s from a cold disk), which `tandem` alone must not wait for before opening its window.
     from .tools.distill.command import add_distill_command
     from .tools.ngram_table import add_ngram_table_command
-    from .tools.export_gguf import add_export_gguf_command
+    from .tools.export_gguf_command import add_export_gguf_command
     from .tools.calibrate.command import add_calibrate_command
     from .tools.tune import add_tune_command
     from .serve.limits import ServerLimits
