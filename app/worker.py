@@ -30,7 +30,11 @@ from engine.events import Finished, PromptPrepared, PromptProgress, StatsUpdate,
 
 from .engine_api import EngineApi
 
-TEXT_INTERVAL_S = 1 / 30  # the most often a reply's new text goes to the window: a screen's refresh
+# The most often a reply's new text goes to the window. Each update costs the window's thread
+# ~3.5 ms of layout and paint, taken from a core the engine's two threads share: at 30 a second
+# the app wrote 0.88x its engine, at 15 a second 0.90-0.91x (docs/BENCHMARKS.md, tandem
+# gui-bench), with text still arriving every 67 ms.
+TEXT_INTERVAL_S = 1 / 15
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ class GenerationRequest:
 
 
 class CoalescedText:
-    """The reply's text deltas, merged into one per screen refresh.
+    """The reply's text deltas, merged into one per TEXT_INTERVAL_S.
 
     The engine yields a delta per round, a hundred or more a second on a small pair. A signal
     for each woke the window's thread as often, and on a 2-core machine every wake-up takes a
