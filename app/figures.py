@@ -38,8 +38,9 @@ FIGURE_TIPS = {
     "saved": "How many fewer target-model calls this reply needed than plain decoding, which calls it once per token.",
     "mode": "The decoding method and its settings that wrote this reply (change them in the toolbar or Settings → Decoding).",
     "device": "Where the models run (CPU or GPU) and the number format of their weights.",
-    "runtime": "The library that runs the models: torch (transformers; on the CPU int8 Llama-family models run Tandem's native "
-               "forward, others are compiled in the background) or llama.cpp (GGUF files).",
+    "runtime": "What runs the models: torch (transformers) or llama.cpp (GGUF files, in the format they are stored in). "
+               "On the CPU, Tandem's native forward runs Llama, Mistral, Qwen2 and Qwen3 models from Hugging Face folders "
+               "(SiLU, RMSNorm, no sliding windows) at int8; other torch models are compiled in the background.",
     "memory": "Memory the loaded pair takes: RAM on a CPU, GPU memory on a GPU.",
     "time_share": "How the reply's compute time was split between the small draft model and the big target model.",
     "by_position": "For the 1st, 2nd, 3rd… guessed token of a round: how often the target kept it. Later guesses are kept less often, "
