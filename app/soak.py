@@ -234,10 +234,9 @@ class SoakReport:
         return {
             "reference_worst": verdict.reference_worst, "reference_judged": verdict.reference_judged,
             "others_worst": verdict.others_worst, "others_judged": verdict.others_judged,
-            "above": [
-                {"index": reply.index, "method": reply.method, "prompt": reply.prompt, "text": reply.text, "score": reply.score}
-                for reply in verdict.above
-            ],
+            "above": [_listed(reply) for reply in verdict.above],
+            "reference_loop": verdict.reference_loop,
+            "looping": [_listed(reply) for reply in verdict.looping],
             "cache_gap_worst": verdict.cache_gap_worst, "cache_failures": verdict.cache_failures,
             "nll_per_token_by_method": {name: distribution(values) for name, values in by_method.items()},
             "auto": self.auto_rounds(),
@@ -581,3 +580,8 @@ def command(
         json_out.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
         print(f"figures written to {json_out}", file=sys.stderr)
     return 0 if report.passed else 1
+
+
+def _listed(reply: ScoredReply) -> dict:
+    """A judged reply as the report lists it."""
+    return {"index": reply.index, "method": reply.method, "prompt": reply.prompt, "text": reply.text, "score": reply.score}

@@ -6,8 +6,9 @@ Finished event reaches the soak carrying the score in `extra`. The score is comp
 that event leaves the engine thread, so the next reply, queued behind it, starts after it.
 
 The reference is plain decoding (`ar`) at the same temperature: the worst NLL per token of
-its replies is what sampling from the sound target gives. A reply of any other method above
-it fails the check. Replies shorter than `min_tokens` are scored but not judged, on either
+its replies, and the longest stretch one of them spent repeating itself, are what sampling
+from the sound target gives. A reply of any other method above either fails the check (a
+looping reply scores a low NLL: each repeat is likely once the loop has begun). Replies shorter than `min_tokens` are scored but not judged, on either
 side: the mean of two tokens' surprise is the luck of two draws, and the stopped replies
 (stopped at their first text) are mostly that short.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.chat_prompt import Message
@@ -104,14 +105,17 @@ class GarbageVerdict:
     unscored: list[int]  # indices of replies that ended without a score
     cache_gap_worst: float | None
     cache_failures: list[str]  # a line per reply whose caches disagreed with a fresh forward
+    reference_loop: int | None = None  # plain decoding's longest loop, in tokens (judged replies)
+    looping: list[ScoredReply] = field(default_factory=list)  # replies of other methods that looped longer
 
     @property
     def passed(self) -> bool:
-        return self.reference_worst is not None and not self.above and not self.unscored and not self.cache_failures
+        return (self.reference_worst is not None and not self.above and not self.looping and not self.unscored
+                and not self.cache_failures)
 
 
 def judge(replies: list[ScoredReply], min_tokens: int = MIN_JUDGED_TOKENS, gap_limit: float = CACHE_GAP_LIMIT) -> GarbageVerdict:
-    """Plain decoding's worst NLL per token, and every other reply above it."""
+    """Plain decoding's worst NLL per token and longest loop, and every other reply above either."""
     scored = [reply for reply in replies if reply.score is not None]
     judged = [reply for reply in scored if reply.score["tokens"] >= min_tokens]
     reference = [reply.score["nll_per_token"] for reply in judged if reply.method == REFERENCE_METHOD]
@@ -125,9 +129,15 @@ def judge(replies: list[ScoredReply], min_tokens: int = MIN_JUDGED_TOKENS, gap_l
         f"reply {reply.index + 1} ({reply.method}): the {name} cache is {gap:.3g} nats from a fresh forward"
         for reply, name, gap in gaps if gap > gap_limit
     ] + [f"reply {reply.index + 1} ({reply.method}): {reply.score['cache_problem']}" for reply in scored if reply.score["cache_problem"]]
+    # Reports written before the loop check have no loop figure: 0, never above.
+    reference_loop = max((reply.score.get("longest_loop", 0) for reply in judged if reply.method == REFERENCE_METHOD), default=None)
+    looping = [] if reference_loop is None else sorted(
+        (reply for reply in others if reply.score.get("longest_loop", 0) > reference_loop), key=lambda reply: -reply.score["longest_loop"]
+    )
     return GarbageVerdict(
         worst, len(reference), max((reply.score["nll_per_token"] for reply in others), default=None), len(others), above,
         [reply.index for reply in replies if reply.score is None], max((gap for *_, gap in gaps), default=None), cache_failures,
+        reference_loop, looping,
     )
 
 
@@ -155,6 +165,7 @@ def verdict_lines(verdict: GarbageVerdict, min_tokens: int = MIN_JUDGED_TOKENS) 
         detail = (
             f"target NLL/token: {REFERENCE_METHOD}'s worst {verdict.reference_worst:.2f} over {verdict.reference_judged} "
             f"replies; the others' worst {others} over {verdict.others_judged}; {len(verdict.above)} above"
+            f"; longest loop: {REFERENCE_METHOD}'s {verdict.reference_loop} tokens, {len(verdict.looping)} longer"
         )
     gap = "no cache checked" if verdict.cache_gap_worst is None else f"caches within {verdict.cache_gap_worst:.2g} nats of a fresh forward"
     detail += f"; {gap} (limit {CACHE_GAP_LIMIT:g})"
@@ -166,5 +177,9 @@ def verdict_lines(verdict: GarbageVerdict, min_tokens: int = MIN_JUDGED_TOKENS) 
         f"  GARBAGE? reply {reply.index + 1} ({reply.method}) NLL/token {reply.score['nll_per_token']:.2f} over "
         f"{reply.score['tokens']} tokens, to {reply.prompt[:40]!r}: {reply.text[:60]!r}"
         for reply in verdict.above
+    ] + [
+        f"  GARBAGE? reply {reply.index + 1} ({reply.method}) repeats itself for {reply.score['longest_loop']} of its "
+        f"{reply.score['tokens']} tokens, to {reply.prompt[:40]!r}: {reply.text[:60]!r}"
+        for reply in verdict.looping
     ]
     return verdict.passed, detail, above

@@ -7,6 +7,10 @@ prompt, at temperature 1 (engine/tools/quality.py's `target_nll`, one teacher-fo
 Sampled at T = 0.7 from a sound target a reply scores a nat or two a token; text the target
 would not write scores several times that.
 
+The loop check counts the longest stretch of the reply that repeats itself with a period of
+up to LONGEST_PERIOD tokens ("||||", "KKKK", "I'm sorry. I'm sorry."). The likelihood misses
+that kind of garbage: once a reply loops, every repeat is likely to the target.
+
 The cache check asks each decoding cache (the target's, and the draft model's where the pair
 has one) for the logits of one more token after the tokens it holds, then crops it back, and
 compares them with a fresh cache's forward over the same tokens. A cache whose keys and values
@@ -30,6 +34,22 @@ from ..runtime import ModelRuntime
 from .quality import target_nll
 
 
+LONGEST_PERIOD = 8  # tokens: a loop of a word or a short phrase
+
+
+def longest_loop(token_ids: list[int]) -> int:
+    """The most tokens in a row that each equal the token `period` before it, over every period
+    up to LONGEST_PERIOD: 0 for a reply that never repeats itself, 18 for a two-token phrase
+    written ten times."""
+    longest = 0
+    for period in range(1, LONGEST_PERIOD + 1):
+        run = 0
+        for position in range(period, len(token_ids)):
+            run = run + 1 if token_ids[position] == token_ids[position - period] else 0
+            longest = max(longest, run)
+    return longest
+
+
 @dataclass(frozen=True)
 class ReplyScore:
     tokens: int  # the reply's tokens, as it ended (a stopped reply's partial ones)
@@ -39,11 +59,12 @@ class ReplyScore:
     cache_gaps: dict[str, float] = field(default_factory=dict)
     # What the target's cache holds that is not the conversation, if anything
     cache_problem: str | None = None
+    longest_loop: int = 0  # `longest_loop` of the reply's tokens
 
     def to_dict(self) -> dict:
         return {
             "tokens": self.tokens, "nll_per_token": self.nll_per_token,
-            "cache_gaps": self.cache_gaps, "cache_problem": self.cache_problem,
+            "cache_gaps": self.cache_gaps, "cache_problem": self.cache_problem, "longest_loop": self.longest_loop,
         }
 
 
@@ -73,6 +94,7 @@ class ReplyChecker:
             tokens, summed / tokens if tokens else None,
             {name: gap for name, gap in gaps.items() if gap is not None},
             foreign_tokens(pair.target_runner.cached_ids, conversation),
+            longest_loop(reply),
         )
 
     def close(self) -> None:

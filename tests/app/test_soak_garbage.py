@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from app.soak import SoakPlan, run_soak
-from app.soak_scoring import ScoredReply, judge
+from app.soak_scoring import ScoredReply, judge, verdict_lines
 from engine import session
 from engine.config import ModelSpec, PairConfig
 from engine.models import LoadedModel
 from engine.session import LoadedPair
+from engine.tools.reply_score import longest_loop
 from tests.engine.tiny_models import TEMPLATE, WORDS, tiny_llama
 
 PROMPT = "w1 w2 w3 w4"
@@ -132,3 +133,27 @@ def test_the_plan_makes_every_nth_reply_auto_and_ends_with_the_reference(auto_ev
     offered = ("auto", "ar", "chain")
 
     assert [plan.method(index, offered) for index in range(plan.total)] == expected + ["ar", "ar"]
+
+
+def test_a_reply_that_repeats_itself_is_measured_by_its_longest_loop():
+    assert longest_loop([]) == longest_loop([5]) == longest_loop([1, 2, 3, 4]) == 0
+    assert longest_loop([7, 7, 7, 7, 7]) == 4  # "||||" : each token after the first repeats the one before
+    assert longest_loop([1, 2] * 10) == 18  # a two-token phrase ten times
+    assert longest_loop([9, 1, 2, 3, 1, 2, 3, 8]) == 3  # a phrase written twice, then on
+    assert longest_loop(list(range(1, 10)) * 2) == 0  # a period past LONGEST_PERIOD is not a loop
+
+
+def test_a_reply_that_loops_longer_than_plain_decoding_ever_did_fails_even_at_a_low_nll():
+    def looped(index: int, method: str, loop: int) -> ScoredReply:
+        reply = scored(index, method, 0.5)
+        return dataclasses.replace(reply, score=reply.score | {"longest_loop": loop})
+
+    replies = [looped(0, "ar", 3), looped(1, "ar", 6), looped(2, "auto", 6), looped(3, "chain", 30)]
+    verdict = judge(replies)
+    assert verdict.above == []  # the looping reply's NLL is the lowest of all
+    assert verdict.reference_loop == 6 and [reply.index for reply in verdict.looping] == [3]
+    assert not verdict.passed
+    passed, detail, lines = verdict_lines(verdict)
+    assert not passed and "1 longer" in detail and "repeats itself for 30" in lines[0]
+    assert judge(replies[:3]).passed
+    assert judge([scored(0, "ar", 1.0), scored(1, "auto", 1.0)]).passed  # reports from before the loop check
