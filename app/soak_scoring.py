@@ -127,7 +127,7 @@ def judge(replies: list[ScoredReply], min_tokens: int = MIN_JUDGED_TOKENS, gap_l
     gaps = [(reply, name, gap) for reply in scored for name, gap in reply.score["cache_gaps"].items()]
     cache_failures = [
         f"reply {reply.index + 1} ({reply.method}): the {name} cache is {gap:.3g} nats from a fresh forward"
-        for reply, name, gap in gaps if gap > gap_limit
+        for reply, name, gap in gaps if not gap <= gap_limit  # NaN too: a gap that could not be measured
     ] + [f"reply {reply.index + 1} ({reply.method}): {reply.score['cache_problem']}" for reply in scored if reply.score["cache_problem"]]
     # Reports written before the loop check have no loop figure: 0, never above.
     reference_loop = max((reply.score.get("longest_loop", 0) for reply in judged if reply.method == REFERENCE_METHOD), default=None)

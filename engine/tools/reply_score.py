@@ -127,8 +127,19 @@ def cache_gap(decoding: ModelRuntime, fresh: ModelRuntime) -> float | None:
         from_scratch = fresh.forward(cached + [probe])[-1]
     finally:
         fresh.reset()
-    gap = torch.log_softmax(from_cache.float(), -1) - torch.log_softmax(from_scratch.float(), -1)
-    return float(gap.abs().max())
+    return distribution_gap(from_cache, from_scratch)
+
+
+def distribution_gap(logits: torch.Tensor, reference: torch.Tensor) -> float:
+    """The largest |log p| gap between two next-token distributions. A model with a reduced
+    vocabulary (the demo draft) gives its dropped tokens -inf: those must be -inf in both, and
+    are left out of the gap (-inf minus -inf is NaN, which had made every draft check pass
+    unseen); a token -inf in one and not the other is an infinite gap."""
+    ours, theirs = torch.log_softmax(logits.float(), -1), torch.log_softmax(reference.float(), -1)
+    possible = torch.isfinite(ours)
+    if not torch.equal(possible, torch.isfinite(theirs)):
+        return float("inf")
+    return float((ours[possible] - theirs[possible]).abs().max()) if bool(possible.any()) else float("inf")
 
 
 def foreign_tokens(cached: list[int], conversation: list[int]) -> str | None:

@@ -157,3 +157,18 @@ def test_a_reply_that_loops_longer_than_plain_decoding_ever_did_fails_even_at_a_
     assert not passed and "1 longer" in detail and "repeats itself for 30" in lines[0]
     assert judge(replies[:3]).passed
     assert judge([scored(0, "ar", 1.0), scored(1, "auto", 1.0)]).passed  # reports from before the loop check
+
+
+def test_the_cache_gap_reads_a_reduced_vocabularys_distribution_and_never_hides_behind_nan():
+    from engine.tools.reply_score import distribution_gap
+
+    logits = torch.tensor([2.0, 1.0, -float("inf"), 0.5])  # token 2 is outside a reduced vocabulary
+    assert distribution_gap(logits, logits.clone()) == 0.0
+    moved = logits.clone()
+    moved[0] = 3.0
+    assert 0.3 < distribution_gap(moved, logits) < 1.0
+    reopened = logits.clone()
+    reopened[2] = 0.0  # a dropped token the other cache gives a probability
+    assert distribution_gap(reopened, logits) == float("inf")
+    # A gap that is NaN fails the check rather than passing it
+    assert not judge([scored(0, "ar", 1.0), scored(1, "auto", 1.0, gap=float("nan"))]).passed
