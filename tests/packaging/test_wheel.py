@@ -1,6 +1,7 @@
 """The wheel built from this tree is complete and works outside it: installed into a fresh
 virtual environment, it holds every module and every file under resources/, and its
-`tandem` command prints its version and answers one message with the demo pair.
+`tandem` command prints its version and answers one message with the demo pair. Where it
+carries the native kernels' libraries, its tag names this machine's platform, not `any`.
 
 The fresh environment gets the dependencies from this one (already built, offline) through
 a .pth file that lists this environment's site-packages folders; path lines in a .pth file
@@ -14,8 +15,10 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import venv
 import zipfile
+from email.parser import HeaderParser
 from pathlib import Path
 
 import pytest
@@ -43,14 +46,13 @@ def wheel(tmp_path_factory) -> Path:
     source = work / "source"
     for name in PACKAGES:
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(ROOT / name, source / name)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", work / "dist", source],
         check=True, cwd=work,
     )
     [wheel] = (work / "dist").glob("tandem-*.whl")
-    assert wheel.name == f"tandem-{engine.__version__}-py3-none-any.whl"  # pyproject reads the version from engine
     return wheel
 
 
@@ -94,6 +96,42 @@ def test_the_wheel_holds_every_module_and_resource_and_imports_from_the_environm
         assert files_under(folder) == files_under(ROOT / package), package
     assert "drafts/smollm2-135m-draft/heads/heads.safetensors" in files_under(installed_folder(installed, "resources"))
     assert "heads/store.py" in files_under(installed_folder(installed, "engine"))
+
+
+def native_libraries(wheel: Path) -> dict[str, bytes]:
+    """The shared libraries the wheel carries (engine/runtime/_built/), by name: their first bytes."""
+    with zipfile.ZipFile(wheel) as archive:
+        return {name: archive.open(name).read(20) for name in archive.namelist() if name.endswith(".so")}
+
+
+def elf_machine(header: bytes) -> tuple[int, int, int]:
+    """(word size, byte order, machine) of an ELF file's first 20 bytes: what decides the CPUs
+    and systems that can load it."""
+    assert header[:4] == b"\x7fELF", f"not an ELF file: {header[:4]!r}"
+    byte_order = "little" if header[5] == 1 else "big"
+    return header[4], header[5], int.from_bytes(header[18:20], byte_order)
+
+
+def test_the_wheel_with_native_libraries_is_tagged_for_this_platform(wheel):
+    """A wheel tagged py3-none-any would let pip install the x86-64 Linux kernels on any
+    machine; a wheel without them (no setup built any) runs anywhere and stays `any`."""
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = HeaderParser().parsestr(archive.read(f"tandem-{engine.__version__}.dist-info/WHEEL").decode())
+    libraries = native_libraries(wheel)
+    # Every library setup built, in the wheel's root (not under tandem-*.data/purelib/, where a
+    # non-pure wheel of a pure build would put them).
+    assert set(libraries) == {f"engine/runtime/_built/{path.name}" for path in (ROOT / "engine/runtime/_built").glob("*.so")}
+    if libraries:
+        platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+        expected = (f"py3-none-{platform}", "false")
+        with Path(sys.executable).resolve().open("rb") as interpreter:  # built for this machine
+            this_machine = elf_machine(interpreter.read(20))
+        assert {name: elf_machine(header) for name, header in libraries.items()} == dict.fromkeys(libraries, this_machine)
+    else:
+        expected = ("py3-none-any", "true")
+    # pyproject reads the version from engine
+    assert wheel.name == f"tandem-{engine.__version__}-{expected[0]}.whl"
+    assert (metadata.get_all("Tag"), metadata["Root-Is-Purelib"]) == ([expected[0]], expected[1])
 
 
 def test_the_wheel_is_almost_all_the_demo_draft(wheel):
