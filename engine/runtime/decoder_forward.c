@@ -207,13 +207,15 @@ static void dot_heads(const float *const *queries, int heads, const float *block
 }
 
 /* The scores of the LANES key rows from s (range r, rows begin..end-1) for every token and
- * query head of group g, into scores (per query, count = end - begin of them) and the
- * queries' largest: the block stays in L1 across the queries, and each query's LANES dot
+ * query head of group g, into scores (per query, count = end - begin of them) and each
+ * query's running largest per lane (tops: LANES floats a query; attend_range takes the
+ * largest lane once per range: a horizontal max per block had been a tenth of the scoring's
+ * instructions): the block stays in L1 across the queries, and each query's LANES dot
  * products come out of one reduction. A last block of fewer rows is copied into zeros at
  * `padded`: every score comes out of the same arithmetic whichever block a row falls in, so
  * a step's scores are a verify's. */
 static void score_block(const Attention *a, int64_t g, int64_t r, const float *keys, int64_t begin, int64_t end,
-                        int64_t s, float *scores, float *largest, float *padded) {
+                        int64_t s, float *scores, float *tops, float *padded) {
     int64_t dim = a->d->head_dim, count = end - begin, rows = end - s < LANES ? end - s : LANES;
     const float *block = keys + (a->first_row + s) * dim;
     if (rows < LANES) {
@@ -235,8 +237,8 @@ static void score_block(const Attention *a, int64_t g, int64_t r, const float *k
                 int64_t q = i * a->groups + h0 + h;
                 vec scaled = v_select(seen, v_mul(dots[h], v_set(a->d->attention_scale)), v_set(-INFINITY));
                 v_store_first(scores + q * count + s - begin, rows, scaled);
-                float top = v_largest(scaled);
-                if (top > largest[q]) largest[q] = top;
+                float *top = tops + q * LANES; /* v_max keeps its second operand where a score is NaN */
+                v_store(top, v_max(scaled, v_load(top)));
             }
         }
     }
@@ -329,15 +331,18 @@ static void sum_weights(const Attention *a, int64_t r, const float *scores, int6
  * largest, their sum and the weighted values, for merge_ranges. */
 static void attend_range(const Attention *a, int64_t g, int64_t r, const float *keys, const float *values,
                          int64_t begin, int64_t end, float *scores, float *largest, float *total, float *acc,
-                         float *padded) {
+                         float *padded, float *tops) {
     int64_t dim = a->d->head_dim, count = end - begin, queries = a->n * a->groups;
     for (int64_t q = 0; q < queries; q++) largest[q] = -INFINITY;
     for (int64_t j = 0; j < queries * dim; j++) acc[j] = 0.0f;
     /* 1. Scores: each key row read once for every token and query head of the group. */
-    if (dim % LANES == 0)
-        for (int64_t s = begin; s < end; s += LANES) score_block(a, g, r, keys, begin, end, s, scores, largest, padded);
-    else
+    if (dim % LANES == 0) {
+        for (int64_t q = 0; q < queries; q++) v_store(tops + q * LANES, v_set(-INFINITY));
+        for (int64_t s = begin; s < end; s += LANES) score_block(a, g, r, keys, begin, end, s, scores, tops, padded);
+        for (int64_t q = 0; q < queries; q++) largest[q] = v_largest(v_load(tops + q * LANES)); /* no NaN lane: exact */
+    } else {
         for (int64_t s = begin; s < end; s++) score_row(a, g, r, keys, begin, end, s, scores, largest);
+    }
     /* 2. Their exponentials. */
     for (int64_t q = 0; q < queries; q++)
         if (largest[q] != -INFINITY) exp_shifted(scores + q * count, count, largest[q]); /* else it sees nothing here */
@@ -385,13 +390,13 @@ typedef struct {
      * buffer for every task's scores had been 16 MB for a 64-token piece at 7,000 tokens, its
      * pages faulted in anew by every call and its scores read back from memory). */
     int64_t ranges, *bounds, *range_first, *range_rows, scores_per_thread;
-    float *scores, *padded, *largest, *totals, *partial;
+    float *scores, *padded, *tops, *largest, *totals, *partial; /* tops: n * groups * LANES floats a thread */
 } Work;
 
 static void work_free(Work *w) {
     free(w->state), free(w->normed), free(w->wide), free(w->mixed), free(w->update);
     free(w->bounds), free(w->range_first), free(w->range_rows);
-    free(w->scores), free(w->padded), free(w->largest), free(w->totals), free(w->partial);
+    free(w->scores), free(w->padded), free(w->tops), free(w->largest), free(w->totals), free(w->partial);
 }
 
 /* w's ranges for n tokens that see cache rows `visible` (n, visible_stride) of `slots`. */
@@ -473,10 +478,11 @@ static int work_alloc(Work *w, const TandemDecoder *d, int64_t n, const uint8_t 
     w->update = malloc(sizeof(float) * n * d->hidden);
     w->scores = malloc(sizeof(float) * (threads * w->scores_per_thread + 1));
     w->padded = malloc(sizeof(float) * threads * LANES * dim); /* a block of key rows per thread (score_block) */
+    w->tops = malloc(sizeof(float) * threads * n * groups * LANES);
     w->largest = malloc(sizeof(float) * tasks * n * groups);
     w->totals = malloc(sizeof(float) * tasks * n * groups);
     w->partial = malloc(sizeof(float) * tasks * n * groups * dim);
-    if (!w->state || !w->normed || !w->wide || !w->mixed || !w->update || !w->scores || !w->padded || !w->largest ||
+    if (!w->state || !w->normed || !w->wide || !w->mixed || !w->update || !w->scores || !w->padded || !w->tops || !w->largest ||
         !w->totals || !w->partial) {
         work_free(w);
         return TANDEM_NO_MEMORY;
@@ -564,7 +570,7 @@ static void attend_spans(const TandemDecoder *d, const TandemLayer *layer, const
                 attend_range(&own, g, r, layer->keys + g * d->cache_rows * dim, layer->values + g * d->cache_rows * dim,
                              begin, end, w->scores + omp_get_thread_num() * w->scores_per_thread, w->largest + task * groups,
                              w->totals + task * groups, w->partial + task * groups * dim,
-                             w->padded + omp_get_thread_num() * LANES * dim);
+                             w->padded + omp_get_thread_num() * LANES * dim, w->tops + omp_get_thread_num() * groups * LANES);
             }
 #pragma omp for collapse(3) schedule(static)
     for (int64_t i = 0; i < shared->n; i++)
@@ -612,7 +618,8 @@ static int run_layer(const TandemDecoder *d, const TandemLayer *layer, int64_t n
                     attend_range(&attention, g, r, layer->keys + g * d->cache_rows * dim,
                                  layer->values + g * d->cache_rows * dim, begin, end, scores, w->largest + task * queries,
                                  w->totals + task * queries, w->partial + task * queries * dim,
-                                 w->padded + omp_get_thread_num() * LANES * dim);
+                                 w->padded + omp_get_thread_num() * LANES * dim,
+                                 w->tops + omp_get_thread_num() * queries * LANES);
                 }
 #pragma omp for collapse(2) schedule(static)
             for (int64_t g = 0; g < d->kv_heads; g++)
