@@ -17,9 +17,11 @@ Then the checks:
   one with its partial text) after its question;
 - stops: replies asked to stop did stop early, and no other did;
 - replies: every planned reply ran, and none failed;
-- garbage (with `score_replies`): every reply scored by its target's NLL per token, none of
-  another method above plain decoding's worst, and the decoding caches, checked after every
-  reply, equal to a fresh forward (app/soak_scoring.py). `reference_replies` plain-decoding
+- garbage (with `score_replies`): every reply scored by its target's NLL per token and its
+  longest loop, no method's replies worse than plain decoding's in the tail of either (a test
+  with a known false-alarm rate), no reply past a guard that fails it alone, and the decoding
+  caches, checked after every reply, equal to a fresh forward (app/soak_scoring.py). The
+  replies above plain decoding's worst NLL or longest loop are listed to look at. `reference_replies` plain-decoding
   replies run after the others, so the reference does not rest on a few; `auto_every` makes
   every so many replies `auto`, whose explorations switch methods within a reply.
 """
@@ -215,7 +217,7 @@ class SoakReport:
         )
         checks = [memory_check, threads_check, chats_check, stops_check, replies_check]
         if plan.score_replies:
-            passed, detail, _above = verdict_lines(judge(self.scored()))
+            passed, detail, _under_the_table = verdict_lines(judge(self.scored()))
             checks.append(Check("garbage", passed, detail))
         return checks
 
@@ -223,7 +225,8 @@ class SoakReport:
         return [ScoredReply(reply.index, reply.method, reply.prompt, reply.text, reply.score) for reply in self.replies]
 
     def garbage(self) -> dict | None:
-        """The garbage check's figures: NLL per token by method, and the replies above the limit."""
+        """The garbage check's figures: each method's test, the replies past a guard, the issue
+        rule's counts and replies (to look at), NLL per token by method."""
         if not self.plan.score_replies:
             return None
         verdict = judge(self.scored())
@@ -234,6 +237,12 @@ class SoakReport:
         return {
             "reference_worst": verdict.reference_worst, "reference_judged": verdict.reference_judged,
             "others_worst": verdict.others_worst, "others_judged": verdict.others_judged,
+            "passed": verdict.passed,
+            "tests": [test.to_dict() for test in verdict.tests],
+            "nll_guard": verdict.nll_guard, "loop_guard": verdict.loop_guard,
+            "catastrophic": [_listed(reply) for reply in verdict.catastrophic],
+            # The issue's rule, to look at: other replies above ar's worst NLL / longer than its longest loop
+            "above_count": len(verdict.above), "looping_count": len(verdict.looping),
             "above": [_listed(reply) for reply in verdict.above],
             "reference_loop": verdict.reference_loop,
             "looping": [_listed(reply) for reply in verdict.looping],
