@@ -249,3 +249,18 @@ def test_a_method_with_few_replies_is_too_few_to_test_and_not_failed():
     new = next(test for test in verdict.tests if test.method == "new")
     assert new.verdict == "too few to test" and new.judged == 5 and verdict.passed
     assert any(line.split()[:2] == ["new", "5"] and line.endswith("too few to test") for line in verdict_lines(verdict)[2])
+
+
+def test_a_stored_report_is_judged_again_with_each_reply_to_its_prompt():
+    from app.soak_rejudge import stored_replies
+
+    sound = simulated_soak(random.Random(49))
+    report = {
+        "replies": [{"index": reply.index, "method": reply.method, "score": reply.score} for reply in sound],
+        "garbage": {"above": [{"index": 2, "text": "what it wrote"}], "looping": []},
+    }
+    replies = stored_replies(report, [f"question {i}" for i in range(PROMPTS)])
+
+    assert [reply.prompt for reply in replies[:25]] == [f"question {i}" for i in range(PROMPTS)] + ["question 0"]
+    assert replies[2].text == "what it wrote" and replies[3].text == ""
+    assert judge(replies).tests == judge(sound).tests  # the same prompts together, under other names
