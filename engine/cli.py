@@ -166,8 +166,9 @@ def _parser() -> argparse.ArgumentParser:
     soak.add_argument(
         "--score-replies", action="store_true",
         help="score every reply by its target's NLL per token and its longest loop (a stretch repeating itself), and "
-        "check the caches after it; fail on a reply of another method above plain decoding's worst on either "
-        "(garbage) or a cache that differs from a fresh forward",
+        "check the caches after it; fail on a method whose replies score worse than plain decoding's on either "
+        "(a test with a 0.001 false-alarm rate), one reply far past plain decoding's worst (garbage), or a cache "
+        "that differs from a fresh forward",
     )
     soak.add_argument(
         "--reference-replies", type=int, default=0,
