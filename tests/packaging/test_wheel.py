@@ -118,9 +118,11 @@ def test_the_wheel_with_native_libraries_is_tagged_for_this_platform(wheel):
     with zipfile.ZipFile(wheel) as archive:
         metadata = HeaderParser().parsestr(archive.read(f"tandem-{engine.__version__}.dist-info/WHEEL").decode())
     libraries = native_libraries(wheel)
-    # Every library setup built, in the wheel's root (not under tandem-*.data/purelib/, where a
-    # non-pure wheel of a pure build would put them).
-    assert set(libraries) == {f"engine/runtime/_built/{path.name}" for path in (ROOT / "engine/runtime/_built").glob("*.so")}
+    # Every library of the tree it was built from, in the wheel's root (not under
+    # tandem-*.data/purelib/, where a non-pure wheel of a pure build would put them). That tree,
+    # not the checkout: test_bundle.py's build rewrites the checkout's libraries meanwhile.
+    built = wheel.parent.parent / "source" / "engine" / "runtime" / "_built"
+    assert set(libraries) == {f"engine/runtime/_built/{path.name}" for path in built.glob("*.so")}
     if libraries:
         platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
         expected = (f"py3-none-{platform}", "false")
