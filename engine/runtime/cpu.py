@@ -35,6 +35,26 @@ def busy_seconds() -> tuple[float, float]:
     return busy, own.user + own.system
 
 
+def runnable_elsewhere() -> int | None:
+    """Threads of other programs running or ready to run at this moment: /proc/stat's
+    procs_running less this process's own (the one asking, and any of its workers not yet
+    asleep after their last forward), the threads `count_as_others` named counted as others.
+    None where there is no /proc/stat."""
+    try:
+        running = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                       if line.startswith("procs_running"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    own = 0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # a thread that ended meanwhile
+        own += state == "R" and int(task.name) not in _threads_of_others
+    return max(0, running - own)
+
+
 class ThreadBudget:
     """How many threads llama.cpp should run now: the cores the rest of the machine leaves free.
 
@@ -44,15 +64,36 @@ class ThreadBudget:
     hundreds of ms, with stalls of seconds (issue 23). One thread fewer than the free
     cores never waits on a barrier for a core it cannot have. So every `interval` seconds
     the budget reads how much CPU the other processes used since the last look, and allows
-    the cores left (at least one, at most `cores`)."""
+    the cores left (at least one, at most `cores`).
+
+    Except after a pause of this process (no look for STALE_INTERVALS intervals, or less than
+    IDLE_CORES of a core used since the last: between two replies, or while a peer's row ran in
+    `tandem bench`): what ran while it waited says little about now, and the first look after a
+    pause is the one a prompt is read under, in one long call. The threads of other programs
+    runnable at this moment decide it instead. And a window that says cores are taken is
+    checked against that count too: a program that has stopped since (a peer's turn that ended
+    just before ours) gives its cores back at once, where one that keeps a core busy is
+    runnable whenever this process's threads wait between forwards. The count is the fewest of
+    a few looks a few milliseconds apart, as a peer that has just answered (llama-server
+    sending its reply) is still running for a moment.
+    (Beside llama-server's rows, each of Tandem's prompts had been read on one thread because
+    the server had used both cores before it: the 1.7B shape's `ar` wrote 11.9 tok/s beside
+    the server where it wrote 15.5 with its threads fixed.)"""
+
+    IDLE_CORES = 0.25
+    STALE_INTERVALS = 3  # while a reply runs, its forwards look every interval or so
+    RUNNABLE_LOOKS, RUNNABLE_LOOK_GAP_S = 3, 0.002  # ~4 ms a look while a core is taken, every interval
 
     def __init__(
         self, cores: int, interval: float = 0.5,
         read_busy: Callable[[], tuple[float, float]] = busy_seconds, clock: Callable[[], float] = time.monotonic,
+        read_runnable: Callable[[], int | None] = runnable_elsewhere, sleep: Callable[[float], None] = time.sleep,
     ):
         self.cores = cores
         self.interval = interval
         self._read_busy = read_busy
+        self._read_runnable = read_runnable
+        self._sleep = sleep
         self._clock = clock
         self._last = (clock(), *read_busy())
         self._threads = cores
@@ -64,10 +105,31 @@ class ThreadBudget:
             return self._threads
         busy, own = self._read_busy()
         self._last = (now, busy, own)
-        others = max(0.0, (busy - last_busy) - (own - last_own)) / (now - last_time)  # cores in use elsewhere
-        # Rounded with a margin, so that a desktop's background flicker keeps every core.
-        self._threads = max(1, min(self.cores, self.cores - int(others + 0.3)))
+        elapsed = now - last_time
+        others = max(0.0, (busy - last_busy) - (own - last_own)) / elapsed  # cores in use elsewhere
+        paused = elapsed > self.STALE_INTERVALS * self.interval or (own - last_own) / elapsed < self.IDLE_CORES
+        if paused or self._taken(others):
+            running_now = self._runnable_now()
+            if running_now is not None:
+                others = float(running_now) if paused else min(others, float(running_now))
+        self._threads = max(1, min(self.cores, self.cores - self._taken(others)))
         return self._threads
+
+    @staticmethod
+    def _taken(others: float) -> int:
+        """Cores counted as taken: rounded with a margin, so that a desktop's background flicker keeps every core."""
+        return int(others + 0.3)
+
+    def _runnable_now(self) -> int | None:
+        fewest = None
+        for look in range(self.RUNNABLE_LOOKS):
+            if look:
+                self._sleep(self.RUNNABLE_LOOK_GAP_S)
+            count = self._read_runnable()
+            if count is None or count == 0:
+                return count
+            fewest = count if fewest is None else min(fewest, count)
+        return fewest
 
 
 # Threads of this process whose work is not the forwards' (the window's own thread): their CPU

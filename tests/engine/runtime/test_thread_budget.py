@@ -1,6 +1,8 @@
 """llama.cpp's thread count follows the cores the rest of the machine leaves free."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -14,14 +16,24 @@ class Machine:
 
     def __init__(self):
         self.now, self.busy, self.own = 0.0, 0.0, 0.0
+        self.runnable = 0  # threads of other programs running or ready to run at this moment
+        self.finishing = 0  # of those, threads that stop running at the next look (a peer sending its answer)
+
+    def look_at_runnable(self) -> int:
+        count = self.runnable + self.finishing
+        self.finishing = 0
+        return count
 
     def run(self, seconds: float, others_busy: float, own_busy: float) -> None:
+        """`seconds` pass; programs that keep others_busy cores busy are still runnable after."""
+        self.runnable = int(others_busy)
         self.now += seconds
         self.busy += seconds * (others_busy + own_busy)
         self.own += seconds * own_busy
 
     def budget(self, cores: int) -> ThreadBudget:
-        return ThreadBudget(cores, interval=0.5, read_busy=lambda: (self.busy, self.own), clock=lambda: self.now)
+        return ThreadBudget(cores, interval=0.5, read_busy=lambda: (self.busy, self.own), clock=lambda: self.now,
+                            read_runnable=self.look_at_runnable, sleep=lambda seconds: None)
 
 
 def test_the_budget_leaves_the_cores_other_programs_use():
@@ -46,6 +58,58 @@ def test_the_budget_looks_again_only_after_its_interval():
     assert budget.threads() == 1  # too soon to tell
     machine.run(0.4, others_busy=0.0, own_busy=1.0)
     assert budget.threads() == 4
+
+
+def test_after_a_pause_the_programs_running_now_decide_not_those_that_ran_meanwhile():
+    machine = Machine()
+    budget = machine.budget(cores=2)
+    machine.run(1.0, others_busy=0.0, own_busy=2.0)
+    assert budget.threads() == 2
+    # A peer's turn (llama-server's row in `tandem bench`): it used both cores while we waited,
+    # and is idle now. Averaged over the pause that read as two cores taken: the prompt read
+    # next went on one thread.
+    machine.run(3.0, others_busy=2.0, own_busy=0.01)
+    machine.runnable = 0
+    assert budget.threads() == 2
+    # A peer still sending its answer at the first look is gone at the next.
+    machine.run(3.0, others_busy=2.0, own_busy=0.01)
+    machine.runnable, machine.finishing = 0, 2
+    assert budget.threads() == 2
+    # The same pause, but a busy program is still running when we start: its core is left.
+    machine.run(3.0, others_busy=1.0, own_busy=0.01)
+    machine.runnable = 1
+    assert budget.threads() == 1
+
+
+def test_a_long_gap_between_looks_is_a_pause_even_when_this_process_worked_in_it():
+    machine = Machine()
+    budget = machine.budget(cores=2)
+    machine.run(0.6, others_busy=0.0, own_busy=2.0)
+    assert budget.threads() == 2
+    machine.run(1.0, others_busy=0.0, own_busy=2.0)  # a warm-up, then no forward while a peer runs
+    machine.run(1.5, others_busy=2.0, own_busy=0.0)
+    machine.runnable = 0
+    assert budget.threads() == 2  # the window's average, 1.0 core elsewhere, had given one thread
+
+
+def test_a_program_that_stopped_before_the_look_gives_its_cores_back_at_once():
+    machine = Machine()
+    budget = machine.budget(cores=2)
+    machine.run(0.6, others_busy=1.0, own_busy=1.0)  # our warm-up beside a peer's
+    machine.run(0.3, others_busy=2.0, own_busy=0.0)  # the peer's turn, over now
+    machine.runnable = 0
+    assert budget.threads() == 2  # the window, 1.3 cores elsewhere, had given one thread
+    machine.run(0.6, others_busy=1.0, own_busy=1.0)  # a program that keeps its core busy
+    assert budget.threads() == 1
+
+
+def test_the_runnable_count_comes_from_the_kernel():
+    from engine.runtime.cpu import runnable_elsewhere
+
+    if not os.path.exists("/proc/stat"):
+        assert runnable_elsewhere() is None
+    else:
+        assert isinstance(runnable_elsewhere(), int) and runnable_elsewhere() >= 0
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +163,8 @@ def test_the_native_forwards_threads_follow_the_budget_and_the_windows_thread_co
     monkeypatch.setattr(cpu, "set_torch_threads", torch_given.append)
     monkeypatch.setattr(cpu, "_torch_threads_set", [0])
     real_budget = cpu.ThreadBudget
-    monkeypatch.setattr(cpu, "ThreadBudget", lambda cores, read_busy: real_budget(cores, read_busy=read_busy, clock=lambda: machine.now))
+    monkeypatch.setattr(cpu, "ThreadBudget", lambda cores, read_busy: real_budget(
+        cores, read_busy=read_busy, clock=lambda: machine.now, read_runnable=machine.look_at_runnable, sleep=lambda seconds: None))
 
     assert cpu.forward_threads() == 2
     machine.run(1.0, others_busy=0.0, own_busy=2.0)
@@ -116,6 +181,7 @@ def test_the_native_forwards_threads_follow_the_budget_and_the_windows_thread_co
     cpu.count_as_others(threading.get_native_id())
     window_seconds[0] += 1.0
     machine.run(1.0, others_busy=0.0, own_busy=2.0)
+    machine.runnable = 1  # the window's thread, busy still: runnable_elsewhere counts it as another's
     assert cpu.forward_threads() == 1
     monkeypatch.setenv("TANDEM_THREADS", "2")
     assert cpu.forward_threads() == 2  # a fixed count is kept
