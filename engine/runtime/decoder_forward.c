@@ -87,8 +87,11 @@ static void rotate(float *x, const float *cos, const float *sin, int64_t head_di
  * exp(score - largest) * value over this range, for `merge_ranges` to combine. */
 typedef struct {
     const TandemDecoder *d;
-    int64_t n, groups, q_width, qkv_width, visible_stride, first_row;
-    const float *qkv;       /* (n, qkv_width): the rotated queries first */
+    int64_t n, groups, q_width, visible_stride, first_row;
+    /* token i's query head h at queries + i * query_stride + h * key_width, as the scores read
+     * it: the rotated queries in qkv, or their bf16 copy (copy_queries) */
+    const score_elem *queries;
+    int64_t query_stride, key_width;
     const uint8_t *visible; /* (n, visible_stride) */
     /* (n, bound_stride): token i's range r is cache rows bounds[i][r] .. bounds[i][r + 1] - 1 */
     const int64_t *bounds;
@@ -127,9 +130,12 @@ static void silu_times(const float *gate, const float *up, int64_t width, float 
  * row s. totals[h]: the sum of head h's weights over the rows it sees, one row after another
  * (sum_weights' order), beside the weighted rows: alone, that sum's chain of adds had been as
  * slow as all the weighing. */
-static inline __attribute__((always_inline)) void weigh_values(const float *values, int64_t dim, const uint8_t *seen,
+#if !BF16_ATTENTION
+static inline __attribute__((always_inline)) void weigh_values(const float *values, const uint16_t *pairs,
+                                                               int64_t pairs_from, int64_t dim, const uint8_t *seen,
                                                                const float *const *weights, int heads, int64_t begin,
                                                                int64_t end, float *const *out, float *totals) {
+    (void)pairs, (void)pairs_from;
     vec sum[HEADS_AT_ONCE][VALUE_VECTORS];
     float total[HEADS_AT_ONCE];
     for (int h = 0; h < heads; h++) {
@@ -152,18 +158,69 @@ static inline __attribute__((always_inline)) void weigh_values(const float *valu
         for (int c = 0; c < VALUE_VECTORS; c++) v_store(out[h] + LANES * c, sum[h][c]);
     }
 }
+#else
+/* The bf16 build's weigh_values: the rows a token sees taken two by two in their order (a last
+ * one with a zero row), each pair's products summed by one VDPBF16PS. Pairs follow the rows'
+ * order among those the token sees, not where they sit in the cache, so a tree node and the
+ * step that later writes its token pair the same rows. Rows begin + 2k, begin + 2k + 1 from
+ * pairs_from come paired already (value_pairs); others are paired here. */
+static inline __attribute__((always_inline)) void weigh_values(const float *values, const uint16_t *pairs,
+                                                               int64_t pairs_from, int64_t dim, const uint8_t *seen,
+                                                               const float *const *weights, int heads, int64_t begin,
+                                                               int64_t end, float *const *out, float *totals) {
+    vec sum[HEADS_AT_ONCE][VALUE_VECTORS];
+    float total[HEADS_AT_ONCE];
+    for (int h = 0; h < heads; h++) {
+        total[h] = 0.0f;
+        for (int c = 0; c < VALUE_VECTORS; c++) sum[h][c] = v_zero();
+    }
+    int64_t held = -1; /* a seen row waiting for the next */
+    for (int64_t s = begin; s <= end; s++) {
+        if (s < end) {
+            if (!seen[s]) continue;
+            for (int h = 0; h < heads; h++) total[h] += weights[h][s];
+            if (held < 0) {
+                held = s;
+                continue;
+            }
+        } else if (held < 0) {
+            break;
+        }
+        int64_t other = s < end ? s : -1; /* past the last row: held pairs with zeros */
+        __m512bh columns[VALUE_VECTORS];
+        if (other == held + 1 && (held - pairs_from) % 2 == 0)
+            for (int c = 0; c < VALUE_VECTORS; c++)
+                columns[c] = (__m512bh)_mm512_loadu_si512(pairs + (held - pairs_from) * dim + 2 * LANES * c);
+        else
+            for (int c = 0; c < VALUE_VECTORS; c++)
+                columns[c] = v_pair_columns(values + held * dim + LANES * c, other >= 0 ? values + other * dim + LANES * c : NULL);
+        for (int h = 0; h < heads; h++) {
+            __m512bh weight = v_pair_weights(weights[h][held], other >= 0 ? weights[h][other] : 0.0f);
+            for (int c = 0; c < VALUE_VECTORS; c++) sum[h][c] = _mm512_dpbf16_ps(sum[h][c], weight, columns[c]);
+        }
+        held = -1;
+    }
+    for (int h = 0; h < heads; h++) {
+        totals[h] = total[h];
+        for (int c = 0; c < VALUE_VECTORS; c++) v_store(out[h] + LANES * c, sum[h][c]);
+    }
+}
+#endif
 
 /* weigh_values with a constant count of heads in each call: their sums stay in registers. */
-static void weigh_heads(const float *values, int64_t dim, const uint8_t *seen, const float *const *weights, int heads,
-                        int64_t begin, int64_t end, float *const *out, float *totals) {
+static void weigh_heads(const float *values, const uint16_t *pairs, int64_t pairs_from, int64_t dim, const uint8_t *seen,
+                        const float *const *weights, int heads, int64_t begin, int64_t end, float *const *out,
+                        float *totals) {
+#define WEIGH(count) weigh_values(values, pairs, pairs_from, dim, seen, weights, count, begin, end, out, totals)
     switch (heads) {
 #if HEADS_AT_ONCE >= 4
-    case 4: weigh_values(values, dim, seen, weights, 4, begin, end, out, totals); break;
-    case 3: weigh_values(values, dim, seen, weights, 3, begin, end, out, totals); break;
+    case 4: WEIGH(4); break;
+    case 3: WEIGH(3); break;
 #endif
-    case 2: weigh_values(values, dim, seen, weights, 2, begin, end, out, totals); break;
-    default: weigh_values(values, dim, seen, weights, 1, begin, end, out, totals); break;
+    case 2: WEIGH(2); break;
+    default: WEIGH(1); break;
     }
+#undef WEIGH
 }
 
 /* The cache rows [first, past) that token i's range r may see (a task's rows hold the ranges
@@ -183,13 +240,80 @@ static inline int sees(const Attention *a, int64_t i, RowSpan span, int64_t s) {
     return a->visible[i * a->visible_stride + s] && s >= span.first && s < span.past;
 }
 
-static inline const float *query_of(const Attention *a, int64_t i, int64_t g, int64_t h) {
-    return a->qkv + i * a->qkv_width + (g * a->groups + h) * a->d->head_dim;
+static inline const score_elem *query_of(const Attention *a, int64_t i, int64_t g, int64_t h) {
+    return a->queries + i * a->query_stride + (g * a->groups + h) * a->key_width;
 }
+
+/* Each thread's scratch for its attention tasks, reused task after task. */
+typedef struct {
+    float *scores; /* the task's scores, then its weights: per query, one per row */
+    float *tops;   /* each query's running largest score per lane */
+    score_elem *padded; /* a last block of fewer than LANES key rows, and zeros (score_block) */
+    score_elem *keys;   /* the bf16 build's copy of the task's key rows (key_rows) */
+    uint16_t *pairs;    /* the bf16 build's value rows two by two (value_pairs) */
+} Scratch;
+
+#if BF16_ATTENTION
+/* The key width the bf16 scores read: the head width, rounded up to whole score_vecs with zeros
+ * (a zero adds nothing to a dot product), so that any head width is scored by blocks. */
+static inline int64_t key_width_of(int64_t dim) { return (dim + SCORE_STEP - 1) / SCORE_STEP * SCORE_STEP; }
+
+/* Token i's queries, rounded to bf16, into `out` (heads x key_width): rounded once a layer, not
+ * once for every block of keys that reads them. */
+static void copy_queries(const TandemDecoder *d, const float *qkv, score_elem *out) {
+    int64_t dim = d->head_dim, width = key_width_of(dim);
+    for (int64_t h = 0; h < d->heads; h++) {
+        memset(out + h * width, 0, sizeof(score_elem) * width);
+        v_round_to_bf16(qkv + h * dim, dim, out + h * width);
+    }
+}
+
+/* Key rows begin..end-1 (rows of `keys`, dim floats each) as the scores read them: rounded to
+ * bf16 into `copy`, key_width apart. A task rounds its rows once for all its tokens and heads. */
+static const score_elem *key_rows(const Attention *a, const float *keys, int64_t begin, int64_t end, score_elem *copy) {
+    int64_t dim = a->d->head_dim, width = a->key_width;
+    for (int64_t s = begin; s < end; s++) {
+        score_elem *row = copy + (s - begin) * width;
+        memset(row, 0, sizeof(score_elem) * width);
+        v_round_to_bf16(keys + (a->first_row + s) * dim, dim, row);
+    }
+    return copy;
+}
+
+/* The weights rounded to bf16, as the weighted values use them (their sums too). */
+static inline void round_weights(float *weights, int64_t count) { v_round_floats_to_bf16(weights, count); }
+
+/* Value rows begin + 2k and begin + 2k + 1 (a zero row past end) side by side as VDPBF16PS
+ * pairs them, for the columns weigh_values sums (the first whole VALUE_COLUMNS of each row):
+ * pair k's 16 columns from c at pairs + k * 2 * dim + 2 * c. A task pairs its rows once for
+ * all its tokens and heads; a token that sees rows other than these two by two pairs its own
+ * (weigh_values). */
+static void value_pairs(const Attention *a, const float *values, int64_t begin, int64_t end, uint16_t *pairs) {
+    int64_t dim = a->d->head_dim, columns = dim / VALUE_COLUMNS * VALUE_COLUMNS;
+    for (int64_t s = begin; s < end; s += 2) {
+        const float *first = values + (a->first_row + s) * dim, *second = s + 1 < end ? first + dim : NULL;
+        uint16_t *pair = pairs + (s - begin) * dim;
+        for (int64_t c = 0; c < columns; c += LANES)
+            _mm512_storeu_si512(pair + 2 * c, (__m512i)v_pair_columns(first + c, second != NULL ? second + c : NULL));
+    }
+}
+#else
+static inline int64_t key_width_of(int64_t dim) { return dim; }
+static void copy_queries(const TandemDecoder *d, const float *qkv, score_elem *out) { (void)d, (void)qkv, (void)out; }
+/* The float32 build's scores read the cache's key rows themselves. */
+static const score_elem *key_rows(const Attention *a, const float *keys, int64_t begin, int64_t end, score_elem *copy) {
+    (void)end, (void)copy;
+    return keys + (a->first_row + begin) * a->d->head_dim;
+}
+static inline void round_weights(float *weights, int64_t count) { (void)weights, (void)count; }
+static void value_pairs(const Attention *a, const float *values, int64_t begin, int64_t end, uint16_t *pairs) {
+    (void)a, (void)values, (void)begin, (void)end, (void)pairs;
+}
+#endif
 
 /* v_dot_rows_heads with a constant count of heads, and the demo's head width, in each call:
  * the queries and their sums stay in registers. */
-static void dot_heads(const float *const *queries, int heads, const float *block, int64_t dim, vec *out) {
+static void dot_heads(const score_elem *const *queries, int heads, const score_elem *block, int64_t dim, vec *out) {
 #if SCORE_HEADS >= 3
     if (dim == 64) {
         switch (heads) {
@@ -214,13 +338,13 @@ static void dot_heads(const float *const *queries, int heads, const float *block
  * products come out of one reduction. A last block of fewer rows is copied into zeros at
  * `padded`: every score comes out of the same arithmetic whichever block a row falls in, so
  * a step's scores are a verify's. */
-static void score_block(const Attention *a, int64_t g, int64_t r, const float *keys, int64_t begin, int64_t end,
-                        int64_t s, float *scores, float *tops, float *padded) {
-    int64_t dim = a->d->head_dim, count = end - begin, rows = end - s < LANES ? end - s : LANES;
-    const float *block = keys + (a->first_row + s) * dim;
+static void score_block(const Attention *a, int64_t g, int64_t r, const score_elem *keys, int64_t begin, int64_t end,
+                        int64_t s, float *scores, float *tops, score_elem *padded) {
+    int64_t dim = a->key_width, count = end - begin, rows = end - s < LANES ? end - s : LANES;
+    const score_elem *block = keys + (s - begin) * dim;
     if (rows < LANES) {
-        memset(padded, 0, sizeof(float) * LANES * dim);
-        memcpy(padded, block, sizeof(float) * rows * dim);
+        memset(padded, 0, sizeof(score_elem) * LANES * dim);
+        memcpy(padded, block, sizeof(score_elem) * rows * dim);
         block = padded;
     }
     for (int64_t i = 0; i < a->n; i++) {
@@ -229,7 +353,7 @@ static void score_block(const Attention *a, int64_t g, int64_t r, const float *k
         lanes_mask seen = v_seen_lanes(a->visible + i * a->visible_stride + s, rows, first, last);
         for (int64_t h0 = 0; h0 < a->groups; h0 += SCORE_HEADS) {
             int heads = a->groups - h0 < SCORE_HEADS ? (int)(a->groups - h0) : SCORE_HEADS;
-            const float *queries[SCORE_HEADS];
+            const score_elem *queries[SCORE_HEADS];
             vec dots[SCORE_HEADS];
             for (int h = 0; h < heads; h++) queries[h] = query_of(a, i, g, h0 + h);
             dot_heads(queries, heads, block, dim, dots);
@@ -245,20 +369,20 @@ static void score_block(const Attention *a, int64_t g, int64_t r, const float *k
 }
 
 /* score_block for one row, for heads whose width is no multiple of LANES. */
-static void score_row(const Attention *a, int64_t g, int64_t r, const float *keys, int64_t begin, int64_t end, int64_t s,
-                      float *scores, float *largest) {
-    int64_t dim = a->d->head_dim, count = end - begin;
-    const float *key = keys + (a->first_row + s) * dim;
+static void score_row(const Attention *a, int64_t g, int64_t r, const score_elem *keys, int64_t begin, int64_t end,
+                      int64_t s, float *scores, float *largest) {
+    int64_t dim = a->key_width, count = end - begin;
+    const score_elem *key = keys + (s - begin) * dim;
     for (int64_t i = 0; i < a->n; i++) {
         int seen = sees(a, i, range_of(a, i, r), s);
         for (int64_t h = 0; h < a->groups; h++) {
             int64_t q = i * a->groups + h;
             float score = -INFINITY;
             if (seen) {
-                const float *query = query_of(a, i, g, h);
+                const score_elem *query = query_of(a, i, g, h);
                 float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-                for (int64_t j = 0; j < dim; j++) dot += query[j] * key[j];
+                for (int64_t j = 0; j < dim; j++) dot += score_float(query[j]) * score_float(key[j]);
                 score = dot * a->d->attention_scale;
                 if (score > largest[q]) largest[q] = score;
             }
@@ -272,8 +396,8 @@ static void score_row(const Attention *a, int64_t g, int64_t r, const float *key
  * up to HEADS_AT_ONCE heads of a token at a time, VALUE_COLUMNS columns at a time (the range's
  * value rows, 32 KB at 64 columns, stay in L1 for the token's heads), then the columns past
  * those one row at a time. A head that sees nothing here keeps its zeros. */
-static void weigh_range(const Attention *a, int64_t r, const float *values, int64_t begin, int64_t end,
-                        const float *scores, const float *largest, float *acc, float *total) {
+static void weigh_range(const Attention *a, int64_t r, const float *values, const uint16_t *pairs, int64_t begin,
+                        int64_t end, const float *scores, const float *largest, float *acc, float *total) {
     int64_t dim = a->d->head_dim, groups = a->groups, count = end - begin, j0 = 0;
     for (; j0 + VALUE_COLUMNS <= dim; j0 += VALUE_COLUMNS)
         for (int64_t i = 0; i < a->n; i++) {
@@ -288,7 +412,8 @@ static void weigh_range(const Attention *a, int64_t r, const float *values, int6
                     weights[h] = scores + q * count - begin;
                     out[h] = largest[q] == -INFINITY ? ignored[h] : acc + q * dim + j0;
                 }
-                weigh_heads(values + a->first_row * dim + j0, dim, seen, weights, heads, span.first, span.past, out, totals);
+                weigh_heads(values + a->first_row * dim + j0, pairs + 2 * j0, begin, dim, seen, weights, heads, span.first,
+                            span.past, out, totals);
                 if (j0 == 0) /* the later columns' passes sum the same weights again */
                     for (int h = 0; h < heads; h++) total[i * groups + h0 + h] = totals[h];
             }
@@ -330,24 +455,29 @@ static void sum_weights(const Attention *a, int64_t r, const float *scores, int6
  * begin..end-1: each (token, group head)'s scores, their exponentials (less the largest), the
  * largest, their sum and the weighted values, for merge_ranges. */
 static void attend_range(const Attention *a, int64_t g, int64_t r, const float *keys, const float *values,
-                         int64_t begin, int64_t end, float *scores, float *largest, float *total, float *acc,
-                         float *padded, float *tops) {
+                         int64_t begin, int64_t end, float *largest, float *total, float *acc, const Scratch *scratch) {
     int64_t dim = a->d->head_dim, count = end - begin, queries = a->n * a->groups;
+    float *scores = scratch->scores, *tops = scratch->tops;
     for (int64_t q = 0; q < queries; q++) largest[q] = -INFINITY;
     for (int64_t j = 0; j < queries * dim; j++) acc[j] = 0.0f;
     /* 1. Scores: each key row read once for every token and query head of the group. */
-    if (dim % LANES == 0) {
+    const score_elem *rows = key_rows(a, keys, begin, end, scratch->keys);
+    if (a->key_width % SCORE_STEP == 0) {
         for (int64_t q = 0; q < queries; q++) v_store(tops + q * LANES, v_set(-INFINITY));
-        for (int64_t s = begin; s < end; s += LANES) score_block(a, g, r, keys, begin, end, s, scores, tops, padded);
+        for (int64_t s = begin; s < end; s += LANES) score_block(a, g, r, rows, begin, end, s, scores, tops, scratch->padded);
         for (int64_t q = 0; q < queries; q++) largest[q] = v_largest(v_load(tops + q * LANES)); /* no NaN lane: exact */
     } else {
-        for (int64_t s = begin; s < end; s++) score_row(a, g, r, keys, begin, end, s, scores, largest);
+        for (int64_t s = begin; s < end; s++) score_row(a, g, r, rows, begin, end, s, scores, largest);
     }
     /* 2. Their exponentials. */
     for (int64_t q = 0; q < queries; q++)
-        if (largest[q] != -INFINITY) exp_shifted(scores + q * count, count, largest[q]); /* else it sees nothing here */
+        if (largest[q] != -INFINITY) { /* else it sees nothing here */
+            exp_shifted(scores + q * count, count, largest[q]);
+            round_weights(scores + q * count, count);
+        }
     /* 3. The weighted values, and the weights' sums. */
-    weigh_range(a, r, values, begin, end, scores, largest, acc, total);
+    if (dim >= VALUE_COLUMNS) value_pairs(a, values, begin, end, scratch->pairs);
+    weigh_range(a, r, values, scratch->pairs, begin, end, scores, largest, acc, total);
     if (a->d->head_dim < VALUE_COLUMNS) sum_weights(a, r, scores, begin, end, total);
 }
 
@@ -389,14 +519,26 @@ typedef struct {
      * keeps them in its own scores_per_thread floats of `scores`, reused task after task (one
      * buffer for every task's scores had been 16 MB for a 64-token piece at 7,000 tokens, its
      * pages faulted in anew by every call and its scores read back from memory). */
-    int64_t ranges, *bounds, *range_first, *range_rows, scores_per_thread;
-    float *scores, *padded, *tops, *largest, *totals, *partial; /* tops: n * groups * LANES floats a thread */
+    int64_t ranges, *bounds, *range_first, *range_rows, scores_per_thread, widest_task;
+    float *scores, *tops, *largest, *totals, *partial; /* tops: n * groups * LANES floats a thread */
+    score_elem *padded, *key_copies, *queries; /* queries: the bf16 build's (copy_queries) */
+    uint16_t *value_pairs;
+    int64_t key_width;
 } Work;
 
 static void work_free(Work *w) {
     free(w->state), free(w->normed), free(w->wide), free(w->mixed), free(w->update);
     free(w->bounds), free(w->range_first), free(w->range_rows);
-    free(w->scores), free(w->padded), free(w->tops), free(w->largest), free(w->totals), free(w->partial);
+    free(w->scores), free(w->tops), free(w->largest), free(w->totals), free(w->partial);
+    free(w->padded), free(w->key_copies), free(w->queries), free(w->value_pairs);
+}
+
+/* Thread t's scratch (Scratch), for tasks of up to widest_task rows. */
+static Scratch scratch_of(const Work *w, int64_t n, int64_t groups, int64_t dim, int t) {
+    return (Scratch){w->scores + t * w->scores_per_thread, w->tops + t * n * groups * LANES,
+                     w->padded + t * LANES * w->key_width,
+                     BF16_ATTENTION ? w->key_copies + t * w->widest_task * w->key_width : NULL,
+                     BF16_ATTENTION ? w->value_pairs + t * (w->widest_task + 1) * dim : NULL};
 }
 
 /* w's ranges for n tokens that see cache rows `visible` (n, visible_stride) of `slots`. */
@@ -439,6 +581,7 @@ static int plan_ranges(Work *w, int64_t n, int64_t groups, const uint8_t *visibl
         if (w->range_rows[r] > widest) widest = w->range_rows[r];
     }
     w->scores_per_thread = n * groups * widest;
+    w->widest_task = widest;
     return TANDEM_OK;
 }
 
@@ -456,6 +599,7 @@ static int plan_spans(Work *w, int64_t n, int64_t groups, const int64_t *span_ro
     for (int64_t i = 0; i < n; i++)
         for (int64_t r = 0; r < stride; r++) w->bounds[i * stride + r] = r * RANGE_ROWS < span_rows[i] ? r * RANGE_ROWS : span_rows[i];
     w->scores_per_thread = groups * RANGE_ROWS; /* a task: one token's group of heads over one range */
+    w->widest_task = RANGE_ROWS;
     return TANDEM_OK;
 }
 
@@ -477,13 +621,19 @@ static int work_alloc(Work *w, const TandemDecoder *d, int64_t n, const uint8_t 
     w->mixed = malloc(sizeof(float) * n * (q_width > d->intermediate ? q_width : d->intermediate));
     w->update = malloc(sizeof(float) * n * d->hidden);
     w->scores = malloc(sizeof(float) * (threads * w->scores_per_thread + 1));
-    w->padded = malloc(sizeof(float) * threads * LANES * dim); /* a block of key rows per thread (score_block) */
     w->tops = malloc(sizeof(float) * threads * n * groups * LANES);
     w->largest = malloc(sizeof(float) * tasks * n * groups);
     w->totals = malloc(sizeof(float) * tasks * n * groups);
     w->partial = malloc(sizeof(float) * tasks * n * groups * dim);
+    /* the bf16 build's copies (+ 1: malloc(0) may give NULL) */
+    int64_t copies = BF16_ATTENTION ? threads : 0;
+    w->key_width = key_width_of(dim);
+    w->padded = malloc(sizeof(score_elem) * threads * LANES * w->key_width); /* a block of key rows (score_block) */
+    w->key_copies = malloc(sizeof(score_elem) * (copies * w->widest_task * w->key_width + 1));
+    w->value_pairs = malloc(sizeof(uint16_t) * (copies * (w->widest_task + 1) * dim + 1));
+    w->queries = malloc(sizeof(score_elem) * ((BF16_ATTENTION ? n * d->heads * w->key_width : 0) + 1));
     if (!w->state || !w->normed || !w->wide || !w->mixed || !w->update || !w->scores || !w->padded || !w->tops || !w->largest ||
-        !w->totals || !w->partial) {
+        !w->totals || !w->partial || !w->key_copies || !w->value_pairs || !w->queries) {
         work_free(w);
         return TANDEM_NO_MEMORY;
     }
@@ -535,8 +685,9 @@ static void mlp_middle(const void *context, int64_t i) {
 }
 
 /* A token's queries and key normed (where the model norms them) and rotated; its key and value
- * into the cache at `row`. */
-static void place_token(const TandemDecoder *d, const TandemLayer *layer, float *qkv, int64_t position, int64_t row) {
+ * into the cache at `row`; in the bf16 build its queries rounded into `queries` (copy_queries). */
+static void place_token(const TandemDecoder *d, const TandemLayer *layer, float *qkv, int64_t position, int64_t row,
+                        score_elem *queries) {
     int64_t dim = d->head_dim, q_width = d->heads * dim, kv_width = d->kv_heads * dim;
     const float *cos = d->cos + position * dim, *sin = d->sin + position * dim;
     for (int64_t h = 0; h < d->heads; h++) {
@@ -550,6 +701,7 @@ static void place_token(const TandemDecoder *d, const TandemLayer *layer, float 
         memcpy(layer->keys + (g * d->cache_rows + row) * dim, key, sizeof(float) * dim);
         memcpy(layer->values + (g * d->cache_rows + row) * dim, value, sizeof(float) * dim);
     }
+    copy_queries(d, qkv, queries);
 }
 
 /* Span mode's attention, on the threads of run_layer's parallel region: token i alone over its
@@ -558,8 +710,8 @@ static void place_token(const TandemDecoder *d, const TandemLayer *layer, float 
 static void attend_spans(const TandemDecoder *d, const TandemLayer *layer, const Attention *shared,
                          const int64_t *span_first, Work *w) {
     int64_t dim = d->head_dim, groups = shared->groups, ranges = w->ranges, stride = ranges + 1;
-#define OWN(i) {d, 1, groups, shared->q_width, shared->qkv_width, 0, span_first[i], shared->qkv + (i) * shared->qkv_width, \
-                shared->visible, w->bounds + (i) * stride, stride}
+#define OWN(i) {d, 1, groups, shared->q_width, 0, span_first[i], shared->queries + (i) * shared->query_stride, \
+                shared->query_stride, shared->key_width, shared->visible, w->bounds + (i) * stride, stride}
 #pragma omp for collapse(3) schedule(dynamic)
     for (int64_t i = 0; i < shared->n; i++)
         for (int64_t g = 0; g < d->kv_heads; g++)
@@ -567,10 +719,10 @@ static void attend_spans(const TandemDecoder *d, const TandemLayer *layer, const
                 Attention own = OWN(i);
                 int64_t begin = own.bounds[r], end = own.bounds[r + 1], task = (i * d->kv_heads + g) * ranges + r;
                 if (begin == end) continue; /* past its span: merge_ranges stops before it */
+                Scratch scratch = scratch_of(w, 1, groups, dim, omp_get_thread_num());
                 attend_range(&own, g, r, layer->keys + g * d->cache_rows * dim, layer->values + g * d->cache_rows * dim,
-                             begin, end, w->scores + omp_get_thread_num() * w->scores_per_thread, w->largest + task * groups,
-                             w->totals + task * groups, w->partial + task * groups * dim,
-                             w->padded + omp_get_thread_num() * LANES * dim, w->tops + omp_get_thread_num() * groups * LANES);
+                             begin, end, w->largest + task * groups, w->totals + task * groups,
+                             w->partial + task * groups * dim, &scratch);
             }
 #pragma omp for collapse(3) schedule(static)
     for (int64_t i = 0; i < shared->n; i++)
@@ -597,13 +749,18 @@ static int run_layer(const TandemDecoder *d, const TandemLayer *layer, int64_t n
     int status;
     /* Attention: queries, keys and values; keys and values into the cache; then attend. */
     if ((status = linear(&layer->qkv, w->normed, n, w->wide, NULL, NULL, threads))) return status;
-    Attention attention = {d, n, groups, q_width, qkv_width, visible_stride, first_row, w->wide, visible, w->bounds,
-                           w->ranges + 1};
+    /* the scores read the rotated queries in qkv, or the bf16 build's copy of them */
+    const score_elem *queries_read = BF16_ATTENTION ? w->queries : (const score_elem *)w->wide;
+    int64_t query_stride = BF16_ATTENTION ? d->heads * w->key_width : qkv_width;
+    Attention attention = {d, n, groups, q_width, visible_stride, first_row, queries_read, query_stride, w->key_width,
+                           visible, w->bounds, w->ranges + 1};
     int64_t ranges = w->ranges, queries = n * groups;
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < n; i++) place_token(d, layer, w->wide + i * qkv_width, positions[i], rows[i]);
+        for (int64_t i = 0; i < n; i++)
+            place_token(d, layer, w->wide + i * qkv_width, positions[i], rows[i],
+                        BF16_ATTENTION ? w->queries + i * query_stride : NULL);
         if (span_first != NULL) {
             attend_spans(d, layer, &attention, span_first, w);
         } else {
@@ -612,14 +769,11 @@ static int run_layer(const TandemDecoder *d, const TandemLayer *layer, int64_t n
 #pragma omp for collapse(2) schedule(static)
             for (int64_t g = 0; g < d->kv_heads; g++)
                 for (int64_t r = 0; r < ranges; r++) {
-                    int64_t task = g * ranges + r;
-                    float *scores = w->scores + omp_get_thread_num() * w->scores_per_thread;
-                    int64_t begin = w->range_first[r], end = begin + w->range_rows[r];
+                    int64_t task = g * ranges + r, begin = w->range_first[r], end = begin + w->range_rows[r];
+                    Scratch scratch = scratch_of(w, n, groups, dim, omp_get_thread_num());
                     attend_range(&attention, g, r, layer->keys + g * d->cache_rows * dim,
-                                 layer->values + g * d->cache_rows * dim, begin, end, scores, w->largest + task * queries,
-                                 w->totals + task * queries, w->partial + task * queries * dim,
-                                 w->padded + omp_get_thread_num() * LANES * dim,
-                                 w->tops + omp_get_thread_num() * queries * LANES);
+                                 layer->values + g * d->cache_rows * dim, begin, end, w->largest + task * queries,
+                                 w->totals + task * queries, w->partial + task * queries * dim, &scratch);
                 }
 #pragma omp for collapse(2) schedule(static)
             for (int64_t g = 0; g < d->kv_heads; g++)

@@ -166,6 +166,11 @@ def variant_name() -> str | None:
     return _variant.name if _loaded() is not None else None
 
 
+def attention_in_bf16() -> bool:
+    """Whether the build that runs here multiplies the native forward's attention in bf16."""
+    return _loaded() is not None and _variant.bf16_attention
+
+
 def use_amx(on: bool | None = None) -> bool:
     """Whether AMX's tiles run the products of 2 or more tokens (int8_matmul.c says how; the
     floats are the vector path's to the bit), after turning it on or off (None: only asks).

@@ -1,6 +1,7 @@
 """Builds Tandem's native kernels (the int8 product and the decoder forward, one shared library)
-ahead of time, one library per ISA variant (AVX-512 VNNI with AMX, AVX-VNNI, AVX2 with FMA, and
-a portable one in plain C that any x86-64 CPU runs), as a library's build does:
+ahead of time, one library per ISA variant (AVX-512 VNNI with AMX, and with bf16 attention,
+AVX-VNNI, AVX2 with FMA, and a portable one in plain C that any x86-64 CPU runs), as a
+library's build does:
 
     python -m engine.runtime.kernel_build [OUT_DIR]     # default: engine/runtime/_built/
 
@@ -42,6 +43,9 @@ class Variant:
     # Whether a compiled one-token graph calls it (`integer_product`): measured for AVX-512
     # VNNI only (docs/BENCHMARKS.md); the others are not measured on a CPU of their kind.
     in_compiled_graphs: bool
+    # Whether the native forward's attention multiplies in bf16 (simd.h, BF16_ATTENTION): its
+    # logits then agree with the float32 builds' to bf16's rounding, not float32's.
+    bf16_attention: bool = False
 
 
 _HERE = Path(__file__).parent
@@ -54,6 +58,12 @@ CODE_FLAGS = ("-O3", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC")
 STRICT_FLAGS = ("-Wall", "-Werror")
 # The first variant this CPU has every feature of is loaded (int8_kernel.variant_for).
 VARIANTS = (
+    # AVX-512 VNNI's build whose attention multiplies in bf16 (simd.h, BF16_ATTENTION): a long
+    # prompt's attention at twice float32's multiply-adds (Zen 4, Cooper Lake, Sapphire Rapids on).
+    Variant("AVX-512 BF16", _HERE / "int8_matmul.c",
+            frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "bmi2", "avx512_bf16"}),
+            ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni", "-mbmi2", "-mavx512bf16"), most_tokens=16,
+            in_compiled_graphs=True, bf16_attention=True),
     # AMX too, for 2 or more tokens, where the CPU and the OS allow it: int8_matmul.c compiles
     # its tile code with a target attribute and asks cpuid at run time.
     Variant("AVX-512 VNNI", _HERE / "int8_matmul.c", frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "bmi2"}),

@@ -21,6 +21,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -79,29 +80,97 @@ static inline __attribute__((always_inline)) __m512 v_last_sums(__m512 low, __m5
     return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, 0x88), _mm512_shuffle_f32x4(low, high, 0xDD));
 }
 
-/* Query h . rows t and t + 1 (h < heads), over dim (a multiple of 16), summed lane by lane in
- * order of j, then the first step of the tree. */
-static inline __attribute__((always_inline)) void v_dot_two_rows(const float *const *queries, int heads,
-                                                                 const float *rows, int64_t dim, int64_t t, __m512 *pair) {
+#if defined(__AVX512BF16__)
+/* The AVX-512 BF16 build's attention multiplies in bf16 (VDPBF16PS: two products a lane per
+ * instruction, twice float32's multiply-adds): queries, keys, values and the softmax weights
+ * are rounded to bf16 (8 significant bits), every sum stays float32. Why: reading a long
+ * prompt, the scores and the weighted values were two thirds of the time, both at ~90% of the
+ * CPU's float32 multiply-add peak (perf, 7,000 tokens). What it costs the demo target
+ * (docs/bench/bf16_attention_quality.py, 1,500 tokens): NLL 4.1269 -> 4.1268 nats a token,
+ * the same top token 99.7% of the time. Each value is rounded on its own, so a verify's
+ * tokens still get their steps' bits. */
+#define BF16_ATTENTION 1
+typedef uint16_t score_elem; /* a query's or key's element as the scores read it */
+typedef __m512bh score_vec;
+#define SCORE_STEP 32 /* elements a score_vec holds */
+static inline float score_float(score_elem x) {
+    uint32_t bits = (uint32_t)x << 16;
+    float value;
+    memcpy(&value, &bits, 4);
+    return value;
+}
+static inline score_vec v_load_scores(const score_elem *p) { return (__m512bh)_mm512_loadu_si512(p); }
+/* acc + the lane's two products of a and b */
+static inline __m512 v_dot_add(score_vec a, score_vec b, __m512 acc) { return _mm512_dpbf16_ps(acc, a, b); }
+
+/* out[0..count) = x rounded to bf16 (to nearest, ties to even) */
+static inline void v_round_to_bf16(const float *x, int64_t count, uint16_t *out) {
+    int64_t j = 0;
+    for (; j + 16 <= count; j += 16) _mm256_storeu_si256((__m256i *)(out + j), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + j)));
+    if (j < count) {
+        __mmask16 in = v_first_lanes(count - j);
+        _mm256_mask_storeu_epi16(out + j, in, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(in, x + j)));
+    }
+}
+/* x[0..count) rounded to bf16 in place (kept as float32, which holds them exactly) */
+static inline void v_round_floats_to_bf16(float *x, int64_t count) {
+    int64_t j = 0;
+    for (; j < count; j += 16) {
+        __mmask16 in = v_first_lanes(count - j);
+        __m256i rounded = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(in, x + j));
+        _mm512_mask_storeu_ps(x + j, in, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16)));
+    }
+}
+/* 16 columns of two value rows a and b as VDPBF16PS pairs them: a[c], b[c] side by side, each
+ * rounded to bf16 (b NULL: zeros). */
+static inline __m512bh v_pair_columns(const float *a, const float *b) {
+    const __m512i side_by_side = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                                  21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    __m512 second = b != NULL ? _mm512_loadu_ps(b) : _mm512_setzero_ps();
+    __m512i both = (__m512i)_mm512_cvtne2ps_pbh(second, _mm512_loadu_ps(a)); /* a's 16 first, then b's */
+    return (__m512bh)_mm512_permutexvar_epi16(side_by_side, both);
+}
+/* The weights w_a and w_b (floats that are bf16 already) as one pair, in every lane */
+static inline __m512bh v_pair_weights(float a, float b) {
+    uint32_t low, high;
+    memcpy(&low, &a, 4), memcpy(&high, &b, 4);
+    return (__m512bh)_mm512_set1_epi32((int)((high & 0xFFFF0000u) | (low >> 16)));
+}
+#else
+#define BF16_ATTENTION 0
+typedef float score_elem;
+typedef __m512 score_vec;
+#define SCORE_STEP 16
+static inline float score_float(score_elem x) { return x; }
+static inline score_vec v_load_scores(const score_elem *p) { return _mm512_loadu_ps(p); }
+static inline __m512 v_dot_add(score_vec a, score_vec b, __m512 acc) { return _mm512_fmadd_ps(a, b, acc); }
+#endif
+
+/* Query h . rows t and t + 1 (h < heads), over dim (a multiple of SCORE_STEP), summed lane by
+ * lane in order of j, then the first step of the tree. */
+static inline __attribute__((always_inline)) void v_dot_two_rows(const score_elem *const *queries, int heads,
+                                                                 const score_elem *rows, int64_t dim, int64_t t,
+                                                                 __m512 *pair) {
     __m512 first[SCORE_HEADS], second[SCORE_HEADS];
     for (int h = 0; h < heads; h++) first[h] = second[h] = _mm512_setzero_ps();
-    for (int64_t j = 0; j < dim; j += 16) {
-        __m512 one = _mm512_loadu_ps(rows + t * dim + j), other = _mm512_loadu_ps(rows + (t + 1) * dim + j);
+    for (int64_t j = 0; j < dim; j += SCORE_STEP) {
+        score_vec one = v_load_scores(rows + t * dim + j), other = v_load_scores(rows + (t + 1) * dim + j);
         for (int h = 0; h < heads; h++) {
-            __m512 x = _mm512_loadu_ps(queries[h] + j);
-            first[h] = _mm512_fmadd_ps(x, one, first[h]);
-            second[h] = _mm512_fmadd_ps(x, other, second[h]);
+            score_vec x = v_load_scores(queries[h] + j);
+            first[h] = v_dot_add(x, one, first[h]);
+            second[h] = v_dot_add(x, other, second[h]);
         }
     }
     for (int h = 0; h < heads; h++) pair[h] = v_pair_sums(first[h], second[h]);
 }
 
-/* Lane t of out[h]: queries[h] . rows[t] over dim (a multiple of 16), rows `dim` floats apart,
- * for `heads` (at most SCORE_HEADS) queries: each key row is loaded once for all of them (a
+/* Lane t of out[h]: queries[h] . rows[t] over dim (a multiple of SCORE_STEP), rows `dim`
+ * elements apart, for `heads` (at most SCORE_HEADS) queries: each key row is loaded once for all of them (a
  * prompt piece's queries had loaded every row once each), and each query's lanes are summed
  * as they would be alone, the tree walked as its sums come in so that few stay in registers. */
-static inline __attribute__((always_inline)) void v_dot_eight_rows(const float *const *queries, int heads,
-                                                                   const float *rows, int64_t dim, int64_t t, __m512 *half) {
+static inline __attribute__((always_inline)) void v_dot_eight_rows(const score_elem *const *queries, int heads,
+                                                                   const score_elem *rows, int64_t dim, int64_t t,
+                                                                   __m512 *half) {
     __m512 pair[2][SCORE_HEADS], quad[2][SCORE_HEADS];
     for (int u = 0; u < 2; u++) {
         v_dot_two_rows(queries, heads, rows, dim, t + 4 * u, pair[0]);
@@ -111,8 +180,8 @@ static inline __attribute__((always_inline)) void v_dot_eight_rows(const float *
     for (int h = 0; h < heads; h++) half[h] = v_half_sums(quad[0][h], quad[1][h]);
 }
 
-static inline __attribute__((always_inline)) void v_dot_rows_heads(const float *const *queries, int heads,
-                                                                   const float *rows, int64_t dim, vec *out) {
+static inline __attribute__((always_inline)) void v_dot_rows_heads(const score_elem *const *queries, int heads,
+                                                                   const score_elem *rows, int64_t dim, vec *out) {
     __m512 low[SCORE_HEADS], high[SCORE_HEADS];
     v_dot_eight_rows(queries, heads, rows, dim, 0, low);
     v_dot_eight_rows(queries, heads, rows, dim, 8, high);
@@ -230,6 +299,13 @@ static inline vec v_dot_rows(const float *query, const float *rows, int64_t dim)
     return dot;
 }
 #define SCORE_HEADS 1
+#endif
+
+#ifndef BF16_ATTENTION
+#define BF16_ATTENTION 0
+typedef float score_elem; /* the scores read float32 queries and keys */
+#define SCORE_STEP LANES
+static inline float score_float(score_elem x) { return x; }
 #endif
 
 #if SCORE_HEADS == 1

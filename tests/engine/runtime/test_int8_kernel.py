@@ -224,7 +224,7 @@ def test_the_environment_can_name_a_narrower_build_or_turn_the_kernel_off(fresh_
     assert variant_name() == "portable" and unavailable_reason() is None
     assert torch.equal(integer_product(x, weight, weight_row_sums(weight)), torch_product(x, weight))
     for value, reason in (("off", "turned off (TANDEM_INT8_KERNEL=off)"),
-                          ("SSE2", "TANDEM_INT8_KERNEL='SSE2' names no build of the int8 kernel (one of AVX-512 VNNI, AVX-VNNI, AVX2, portable, or off)")):
+                          ("SSE2", "TANDEM_INT8_KERNEL='SSE2' names no build of the int8 kernel (one of AVX-512 BF16, AVX-512 VNNI, AVX-VNNI, AVX2, portable, or off)")):
         for name, fresh in (("_tried", False), ("_library", None), ("_reason", None), ("_variant", None)):
             monkeypatch.setattr(int8_kernel, name, fresh)
         monkeypatch.setenv("TANDEM_INT8_KERNEL", value)
