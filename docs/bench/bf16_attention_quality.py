@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.pairs import find_pair
-from engine.runtime import torch_static
+from engine.runtime import static_cache_forward
 from engine.session import load_pair
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def rounded(x: torch.Tensor) -> torch.Tensor:
 
 
 def bf16_attend(query, keys, values, mask, scale, cap=None):
-    """torch_static._attend's result with q, k, v and the softmax weights in bfloat16."""
+    """static_cache_forward._attend's result with q, k, v and the softmax weights in bfloat16."""
     heads, count = query.shape[1], query.shape[2]
     groups = heads // keys.shape[1]
     keys, values = rounded(keys).repeat_interleave(groups, dim=1), rounded(values).repeat_interleave(groups, dim=1)
@@ -58,7 +58,7 @@ def main() -> None:
         return logits, surprise.mean().item()
 
     original, original_nll = read()
-    torch_static._attend = bf16_attend
+    static_cache_forward._attend = bf16_attend
     changed, changed_nll = read()
     log_original, log_changed = torch.log_softmax(original, -1), torch.log_softmax(changed, -1)
     divergence = (log_original.exp() * (log_original - log_changed)).sum(-1)

@@ -1,5 +1,5 @@
 """Probe for issue 21: one static-cache forward of the demo target on the CPU (torch runtime,
-engine/runtime/torch_static.py), eager or under torch.compile, for 1 and 8 tokens over a
+engine/runtime/static_cache_forward.py), eager or under torch.compile, for 1 and 8 tokens over a
 256-row key window. Medians of 20 calls after 4 warm-up calls; the first call's time is the
 compile. Not part of the app: a measurement, run from the repository root:
 
@@ -20,7 +20,7 @@ import torch
 from engine.config import DEMO_TARGET, ModelSpec
 from engine.models import load_model
 from engine.runtime import int8_weights
-from engine.runtime.torch_static import StaticCacheForward
+from engine.runtime.static_cache_forward import StaticCacheForward
 
 WINDOW = 256
 

@@ -16,7 +16,8 @@ import torch
 from engine.config import DEMO_TARGET, ModelSpec
 from engine.models import load_model
 from engine.round import time_verify
-from engine.runtime.torch_static import JoinedProjections, StaticTorchRuntime
+from engine.runtime.joined_projections import JoinedProjections
+from engine.runtime.torch_static import StaticTorchRuntime
 
 SIZES = (1, 2, 4, 8, 16)
 REPEATS = 15

@@ -24,8 +24,9 @@ def exact_attention(
     query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float, cap: float | None = None
 ) -> torch.Tensor:
     """query (1, heads, n, d) over keys and values (1, kv_heads, window, d), with `mask`
-    the additive (1, 1, groups * n, window) mask of `torch_static._attend` (0 where a token
-    sees a row, -inf elsewhere; its first n rows are the tokens'). Returns (1, heads, n, d)."""
+    the additive (1, 1, groups * n, window) mask of `static_cache_forward._attend` (0 where
+    a token sees a row, -inf elsewhere; its first n rows are the tokens'). Returns
+    (1, heads, n, d)."""
     return torch.ops.tandem.exact_attention.default(query, keys, values, mask, scale, cap)
 
 

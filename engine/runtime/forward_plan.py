@@ -10,7 +10,7 @@ The engines, fastest first where each can run:
 - native C (native_forward.py): int8 Llama-layout models in float32 on the CPU, where the int8
   kernel is built. Every forward, prompts included (in pieces of PROMPT_ROWS rows), so a verify
   and a step run the same arithmetic, and nothing is left for a compile to speed up.
-- CUDA graphs (torch_static.py): any model the static cache runs, on CUDA: an eager forward
+- CUDA graphs (cuda_graphs.py): any model the static cache runs, on CUDA: an eager forward
   there costs 25-30 ms of launches whatever its size, a replayed graph a few ms.
 - compiled torch (compiled_forward.py): on the CPU, where the pair allows a compile, the
   static forward compiled in the background; each shape runs eagerly until it is compiled.

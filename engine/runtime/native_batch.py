@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from .native_forward import NativeForward, native_forward, refusal
-from .torch_static import StaticCacheForward
+from .static_cache_forward import StaticCacheForward
 
 # Prompt tokens one forward takes beside the running sequences' steps: a forward of many more
 # tokens than slots keeps every running reply waiting on prompts.

@@ -1,7 +1,7 @@
 """What differs between the decoder families the static runtime runs: one recipe each, and
 the one-line reason when a model cannot run static.
 
-The static forward (`torch_static.StaticCacheForward`) runs every family the same way:
+The static forward (`static_cache_forward.StaticCacheForward`) runs every family the same way:
 embed; per layer norm, attention over the static cache, residual add, norm, MLP, residual
 add; final norm; LM head. The model's own modules do each step's arithmetic, so much of
 what sets the families apart needs nothing here: Gemma's scaled embeddings (its embedding

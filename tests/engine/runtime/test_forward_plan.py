@@ -14,7 +14,8 @@ from engine.runtime.forward_plan import (
 )
 from engine.runtime.int8_weights import quantise_weight_only
 from engine.runtime.native_forward import NATIVE_NAME, NativeForward
-from engine.runtime.torch_static import StaticCacheForward, StaticTorchRuntime
+from engine.runtime.static_cache_forward import StaticCacheForward
+from engine.runtime.torch_static import StaticTorchRuntime
 
 from ..tiny_models import tiny_llama
 

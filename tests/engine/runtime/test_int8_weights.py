@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from engine.runtime import int8_weights
 from engine.runtime.int8_kernel import weight_row_sums
 from engine.runtime.int8_weights import Int8Linear, integer_product, join_rows, quantise_weight_only
-from engine.runtime.torch_static import JoinedProjections, StaticTorchRuntime
+from engine.runtime.joined_projections import JoinedProjections
+from engine.runtime.torch_static import StaticTorchRuntime
 
 from ..tiny_models import tiny_llama
 from .test_static_families import tiny

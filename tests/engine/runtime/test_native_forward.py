@@ -21,7 +21,8 @@ from engine.runtime.int8_weights import quantise_weight_only
 from engine.runtime.forward_plan import ForwardSettings, plan_forward
 from engine.runtime.native_forward import NATIVE_NAME, NativeForward, refusal
 from engine.runtime.torch_load import torch_runtime_factory
-from engine.runtime.torch_static import StaticCacheForward, StaticTorchRuntime
+from engine.runtime.static_cache_forward import StaticCacheForward
+from engine.runtime.torch_static import StaticTorchRuntime
 from engine.tree import TokenTree, forward_tree, keep_path
 
 from .test_torch_static import converse, random_tree

@@ -230,7 +230,7 @@ def test_replayed_graphs_of_the_new_families_give_the_uncaptured_logits(family):
     model = tiny(family).to("cuda", torch.bfloat16)
     captured, uncaptured = (StaticTorchRuntime(model, torch.device("cuda"), 600, graphs=graphs) for graphs in (True, False))
     captured.warm_up()
-    assert captured.graphs_enabled, captured.graphs_failure
+    assert captured.cuda_graphs.enabled, captured.cuda_graphs.failure
     context = [rng.randrange(VOCAB) for _ in range(150)]
     results = [runtime.forward(context, logits_wanted=2) for runtime in (captured, uncaptured)]
     assert torch.equal(results[0], results[1])
@@ -264,4 +264,4 @@ def test_a_gpus_captured_forward_with_fused_norms_gives_the_eager_logits(family)
     logits = forward_tree(runtime, context, tree).cpu()
     for node in range(len(tree)):
         torch.testing.assert_close(logits[node : node + 1], expected_tree[node], rtol=1e-3, atol=1e-3)
-    assert runtime.graphs_enabled, runtime.graphs_failure
+    assert runtime.cuda_graphs.enabled, runtime.cuda_graphs.failure

@@ -185,7 +185,7 @@ def record_on_the_cpu(runtime: StaticTorchRuntime, recorded: list, fails=lambda 
 
 def graphed(model, recorded: list, capacity=1200, **fails) -> StaticTorchRuntime:
     runtime = StaticTorchRuntime(model, torch.device("cpu"), capacity, graphs=True, hidden_states=True)
-    runtime._record = record_on_the_cpu(runtime, recorded, **fails)
+    runtime.cuda_graphs._record = record_on_the_cpu(runtime, recorded, **fails)
     return runtime
 
 
@@ -224,8 +224,8 @@ def test_a_capture_that_fails_at_warm_up_leaves_the_uncaptured_forward():
     runtime = graphed(model, [], fails=lambda bucket, window: True)
     with pytest.warns(RuntimeWarning, match="capture failed"):
         runtime.warm_up()  # and the load goes on
-    assert not runtime.graphs_enabled and runtime.graphs == {} and runtime.pool is None
-    assert "not permitted when stream is capturing" in runtime.graphs_failure
+    assert not runtime.cuda_graphs.enabled and runtime.cuda_graphs.captured == {} and runtime.cuda_graphs.pool is None
+    assert "not permitted when stream is capturing" in runtime.cuda_graphs.failure
     assert runtime.name == "torch (static cache)"
     expected = eager(model).forward([1, 2, 3], logits_wanted=3)
     assert torch.allclose(runtime.forward([1, 2, 3], logits_wanted=3), expected, atol=TOLERANCE)
@@ -237,11 +237,11 @@ def test_a_capture_that_fails_mid_conversation_still_gives_that_forward_right():
     recorded = []
     runtime = graphed(model, recorded, fails=lambda bucket, window: window > WARM_WINDOWS)
     runtime.warm_up()
-    assert runtime.graphs_enabled
+    assert runtime.cuda_graphs.enabled
     context = [rng.randrange(VOCAB) for _ in range(WARM_WINDOWS - SCRATCH_ROWS + 40)]
     with pytest.warns(RuntimeWarning, match="capture failed"):
         logits = runtime.forward(context, logits_wanted=5)  # the failed capture had parked its inputs
-    assert not runtime.graphs_enabled and runtime.graphs == {}
+    assert not runtime.cuda_graphs.enabled and runtime.cuda_graphs.captured == {}
     assert torch.allclose(logits, eager(model).forward(context, logits_wanted=5), atol=TOLERANCE)
     assert runtime.cached_ids == context
 
@@ -251,11 +251,11 @@ def test_close_frees_the_graphs_and_the_cache():
     runtime = graphed(tiny_llama(seed=6, vocab_size=VOCAB), recorded)
     runtime.forward([1, 2, 3])
     cache = weakref.ref(runtime.forward_pass.cache[0][0])
-    graph_output = weakref.ref(runtime.graphs[recorded[0]][1][0])
+    graph_output = weakref.ref(runtime.cuda_graphs.captured[recorded[0]][1][0])
     runtime.close()
     gc.collect()
     assert cache() is None and graph_output() is None
-    assert runtime.graphs == {} and runtime.pool is None
+    assert runtime.cuda_graphs.captured == {} and runtime.cuda_graphs.pool is None
     with pytest.raises(ValueError, match="closed"):
         runtime.forward([4])
     runtime.close()  # twice is harmless
@@ -388,8 +388,8 @@ def test_replayed_graphs_give_the_uncaptured_forward_logits(precision):
         StaticTorchRuntime(model, torch.device("cuda"), 1200, graphs=graphs, hidden_states=True) for graphs in (True, False)
     )
     captured.warm_up()
-    assert captured.graphs_enabled, captured.graphs_failure
-    assert {bucket for bucket, _ in captured.graphs} == set(BUCKETS)
+    assert captured.cuda_graphs.enabled, captured.cuda_graphs.failure
+    assert {bucket for bucket, _ in captured.cuda_graphs.captured} == set(BUCKETS)
     context = [rng.randrange(VOCAB) for _ in range(200)]  # and the trees cross into a wider key window
     results = [runtime.forward(context, logits_wanted=2) for runtime in (captured, uncaptured)]
     assert torch.equal(results[0], results[1])
@@ -406,7 +406,7 @@ def test_replayed_graphs_give_the_uncaptured_forward_logits(precision):
     # past the windows captured at warm-up: the widest is captured mid-forward, at first use
     more = [rng.randrange(VOCAB) for _ in range(WARM_WINDOWS - len(context))]
     results = [runtime.forward(more, logits_wanted=3) for runtime in (captured, uncaptured)]
-    assert (BUCKETS[-1], captured.windows[-1]) in captured.graphs and captured.graphs_enabled
+    assert (BUCKETS[-1], captured.windows[-1]) in captured.cuda_graphs.captured and captured.cuda_graphs.enabled
     assert torch.equal(results[0], results[1])
     assert torch.equal(captured.last_hidden_states(), uncaptured.last_hidden_states())
     in_use = torch.cuda.memory_allocated()
