@@ -9,6 +9,15 @@ wanted); prints each build's median seconds and tokens per second over REPEATS r
 
   .venv/bin/python docs/bench/prefill_native.py BEFORE [TOKENS ...]
   .venv/bin/python docs/bench/prefill_native.py - [TOKENS ...]   # the working tree's build alone
+  .venv/bin/python docs/bench/prefill_native.py "build:AVX-512 VNNI" [TOKENS ...]
+
+The third form compares another build of the working tree's sources (a variant name, as
+TANDEM_INT8_KERNEL takes it) with the one this CPU chooses, each over its own loaded target:
+builds whose caches differ (the bf16 attention build keeps bf16 keys and values) cannot share
+one runtime.
+
+STEPS=N also times N one-token steps after each read (a reply's tokens at that context), and
+prints each build's median milliseconds a step.
 """
 from __future__ import annotations
 
@@ -27,14 +36,60 @@ from engine.runtime.native_forward import PROMPT_ROWS
 from engine.session import load_pair
 
 REPEATS = int(os.environ.get("REPEATS", "2"))
+STEPS = int(os.environ.get("STEPS", "0"))
 
 
 def prompt_of(count: int) -> list[int]:
     return [1000 + (i * 7) % 5000 for i in range(count)]
 
 
+def load_target(build: str | None):
+    """The demo pair with no draft, its target on `build` of the kernel (None: this CPU's)."""
+    for name, fresh in (("_tried", False), ("_library", None), ("_reason", None), ("_variant", None)):
+        setattr(int8_kernel, name, fresh)
+    if build is None:
+        os.environ.pop("TANDEM_INT8_KERNEL", None)
+    else:
+        os.environ["TANDEM_INT8_KERNEL"] = build
+    return load_pair(dataclasses.replace(find_pair("demo"), draft=None, runtime="torch"), lambda message, fraction: None)
+
+
+def compare_builds(build: str, counts: list[int]) -> None:
+    """`build` against this CPU's choice, read by read, each over its own target."""
+    pairs = {build: load_target(build)}
+    pairs["chosen"] = load_target(None)
+    names = {build: build, "chosen": int8_kernel.variant_name()}
+    for count in counts:
+        prompt = prompt_of(count)
+        times: dict[str, list[float]] = {name: [] for name in pairs}
+        steps: dict[str, list[float]] = {name: [] for name in pairs}
+        for repeat in range(REPEATS):
+            order = list(pairs.items()) if repeat % 2 == 0 else list(pairs.items())[::-1]
+            for name, pair in order:
+                target = pair.target_runner
+                target.reset()
+                started = time.perf_counter()
+                target.forward(prompt, logits_wanted=1)
+                times[name].append(time.perf_counter() - started)
+                for token in prompt_of(STEPS):
+                    started = time.perf_counter()
+                    target.forward([token], logits_wanted=1)
+                    steps[name].append(time.perf_counter() - started)
+        print(f"{count:5d} tokens: " + ", ".join(
+            f"{names[name]} {statistics.median(values):6.2f} s ({count / statistics.median(values):4.0f} tok/s; "
+            f"runs {' '.join(f'{value:.2f}' for value in values)})" for name, values in times.items()), flush=True)
+        if STEPS:
+            print(f"{count:5d} tokens, then a step: " + ", ".join(
+                f"{names[name]} {1000 * statistics.median(values):.2f} ms" for name, values in steps.items()), flush=True)
+    for pair in pairs.values():
+        pair.close()
+
+
 def main() -> None:
     before, counts = sys.argv[1], [int(count) for count in sys.argv[2:]] or [500, 2000, 4000, 7000]
+    if before.startswith("build:"):
+        compare_builds(before.removeprefix("build:"), counts)
+        return
     pair = load_pair(dataclasses.replace(find_pair("demo"), draft=None, runtime="torch"), lambda message, fraction: None)
     target = pair.target_runner
     print(f"runtime: {target.name}, kernel: {int8_kernel.variant_name()}, pieces of {PROMPT_ROWS}", flush=True)
@@ -61,10 +116,20 @@ def main() -> None:
             target.forward(prompt, logits_wanted=1)
             return time.perf_counter() - started, time.process_time() - cpu
 
+        def step_times() -> list[float]:
+            """Seconds of each of STEPS one-token steps after the read."""
+            taken = []
+            for token in prompt_of(STEPS):
+                started = time.perf_counter()
+                target.forward([token], logits_wanted=1)
+                taken.append(time.perf_counter() - started)
+            return taken
+
         for count in counts:
             prompt = prompt_of(count)
             times: dict[str, list[float]] = {name: [] for name in libraries}
             cpu: dict[str, list[float]] = {name: [] for name in libraries}
+            steps: dict[str, list[float]] = {name: [] for name in libraries}
             for repeat in range(REPEATS):
                 order = list(libraries.items()) if repeat % 2 == 0 else list(libraries.items())[::-1]
                 for name, library in order:
@@ -72,10 +137,14 @@ def main() -> None:
                     wall, used = read(prompt)
                     times[name].append(wall)
                     cpu[name].append(used)
+                    steps[name] += step_times()
             print(f"{count:5d} tokens: " + ", ".join(
                 f"{name} {statistics.median(values):6.2f} s ({count / statistics.median(values):4.0f} tok/s; "
                 f"runs {' '.join(f'{value:.2f}' for value in values)}; CPU {statistics.median(cpu[name]):.2f} s)"
                 for name, values in times.items()), flush=True)
+            if STEPS:
+                print(f"{count:5d} tokens, then a step: " + ", ".join(
+                    f"{name} {1000 * statistics.median(values):.2f} ms" for name, values in steps.items()), flush=True)
     pair.close()
 
 

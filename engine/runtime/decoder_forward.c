@@ -6,7 +6,7 @@
  * inductor's small fused kernels, dynamo's guards, the wrapper's Python (docs/BENCHMARKS.md).
  * Here the steps between the products are a few loops over a few hundred floats each.
  *
- * It computes what torch_static.StaticCacheForward computes for these models, step for step:
+ * It computes what static_cache_forward.StaticCacheForward computes for these models, step for step:
  * - the products are `tandem_int8_linear` (int8_matmul*.c, built into the same library),
  *   then times the weight's per-row scale, plus the bias, as Int8Linear does: the same
  *   floats as the torch forward's products for the same inputs;
@@ -17,7 +17,8 @@
  *   torch's to float32 rounding, not to the bit. Every one of these is elementwise or per
  *   token, so a token's logits are the same in a verify as in its step, to the bit.
  * The attention and e^x are written once, over simd.h's helpers: 16 lanes in the AVX-512
- * build, 8 in the AVX2 ones, 1 in the portable build (plain C).
+ * builds, 8 in the AVX2 ones, 1 in the portable build (plain C). The AVX-512 BF16 build keeps
+ * its cache in bf16 and multiplies attention in bf16 (simd.h, BF16_ATTENTION).
  * Keys and values are written at the given cache rows first, then every token attends to the
  * rows it sees (`visible`), so a tree verifies as a chain does.
  * The per-token steps between two products (the residual add and norm, SiLU) run on the next
@@ -90,7 +91,7 @@ typedef struct {
     int64_t n, groups, q_width, visible_stride, first_row;
     /* token i's query head h at queries + i * query_stride + h * key_width, as the scores read
      * it: the rotated queries in qkv, or their bf16 copy (copy_queries) */
-    const score_elem *queries;
+    const attn_elem *queries;
     int64_t query_stride, key_width;
     const uint8_t *visible; /* (n, visible_stride) */
     /* (n, bound_stride): token i's range r is cache rows bounds[i][r] .. bounds[i][r + 1] - 1 */
@@ -131,7 +132,7 @@ static void silu_times(const float *gate, const float *up, int64_t width, float 
  * (sum_weights' order), beside the weighted rows: alone, that sum's chain of adds had been as
  * slow as all the weighing. */
 #if !BF16_ATTENTION
-static inline __attribute__((always_inline)) void weigh_values(const float *values, const uint16_t *pairs,
+static inline __attribute__((always_inline)) void weigh_values(const attn_elem *values, const uint16_t *pairs,
                                                                int64_t pairs_from, int64_t dim, const uint8_t *seen,
                                                                const float *const *weights, int heads, int64_t begin,
                                                                int64_t end, float *const *out, float *totals) {
@@ -144,7 +145,7 @@ static inline __attribute__((always_inline)) void weigh_values(const float *valu
     }
     for (int64_t s = begin; s < end; s++) {
         if (!seen[s]) continue;
-        const float *value = values + s * dim;
+        const attn_elem *value = values + s * dim;
         vec columns[VALUE_VECTORS];
         for (int c = 0; c < VALUE_VECTORS; c++) columns[c] = v_load(value + LANES * c);
         for (int h = 0; h < heads; h++) {
@@ -162,9 +163,10 @@ static inline __attribute__((always_inline)) void weigh_values(const float *valu
 /* The bf16 build's weigh_values: the rows a token sees taken two by two in their order (a last
  * one with a zero row), each pair's products summed by one VDPBF16PS. Pairs follow the rows'
  * order among those the token sees, not where they sit in the cache, so a tree node and the
- * step that later writes its token pair the same rows. Rows begin + 2k, begin + 2k + 1 from
- * pairs_from come paired already (value_pairs); others are paired here. */
-static inline __attribute__((always_inline)) void weigh_values(const float *values, const uint16_t *pairs,
+ * step that later writes its token pair the same rows. Where `pairs` is not NULL, rows
+ * pairs_from + 2k, pairs_from + 2k + 1 come paired already (value_pairs); others are paired
+ * here. */
+static inline __attribute__((always_inline)) void weigh_values(const attn_elem *values, const uint16_t *pairs,
                                                                int64_t pairs_from, int64_t dim, const uint8_t *seen,
                                                                const float *const *weights, int heads, int64_t begin,
                                                                int64_t end, float *const *out, float *totals) {
@@ -188,7 +190,7 @@ static inline __attribute__((always_inline)) void weigh_values(const float *valu
         }
         int64_t other = s < end ? s : -1; /* past the last row: held pairs with zeros */
         __m512bh columns[VALUE_VECTORS];
-        if (other == held + 1 && (held - pairs_from) % 2 == 0)
+        if (pairs != NULL && other == held + 1 && (held - pairs_from) % 2 == 0)
             for (int c = 0; c < VALUE_VECTORS; c++)
                 columns[c] = (__m512bh)_mm512_loadu_si512(pairs + (held - pairs_from) * dim + 2 * LANES * c);
         else
@@ -208,7 +210,7 @@ static inline __attribute__((always_inline)) void weigh_values(const float *valu
 #endif
 
 /* weigh_values with a constant count of heads in each call: their sums stay in registers. */
-static void weigh_heads(const float *values, const uint16_t *pairs, int64_t pairs_from, int64_t dim, const uint8_t *seen,
+static void weigh_heads(const attn_elem *values, const uint16_t *pairs, int64_t pairs_from, int64_t dim, const uint8_t *seen,
                         const float *const *weights, int heads, int64_t begin, int64_t end, float *const *out,
                         float *totals) {
 #define WEIGH(count) weigh_values(values, pairs, pairs_from, dim, seen, weights, count, begin, end, out, totals)
@@ -240,7 +242,7 @@ static inline int sees(const Attention *a, int64_t i, RowSpan span, int64_t s) {
     return a->visible[i * a->visible_stride + s] && s >= span.first && s < span.past;
 }
 
-static inline const score_elem *query_of(const Attention *a, int64_t i, int64_t g, int64_t h) {
+static inline const attn_elem *query_of(const Attention *a, int64_t i, int64_t g, int64_t h) {
     return a->queries + i * a->query_stride + (g * a->groups + h) * a->key_width;
 }
 
@@ -248,8 +250,8 @@ static inline const score_elem *query_of(const Attention *a, int64_t i, int64_t 
 typedef struct {
     float *scores; /* the task's scores, then its weights: per query, one per row */
     float *tops;   /* each query's running largest score per lane */
-    score_elem *padded; /* a last block of fewer than LANES key rows, and zeros (score_block) */
-    score_elem *keys;   /* the bf16 build's copy of the task's key rows (key_rows) */
+    attn_elem *padded; /* a last block of fewer than LANES key rows, and zeros (score_block) */
+    attn_elem *keys;   /* the bf16 build's copy of the task's key rows (key_rows) */
     uint16_t *pairs;    /* the bf16 build's value rows two by two (value_pairs) */
 } Scratch;
 
@@ -260,60 +262,70 @@ static inline int64_t key_width_of(int64_t dim) { return (dim + SCORE_STEP - 1) 
 
 /* Token i's queries, rounded to bf16, into `out` (heads x key_width): rounded once a layer, not
  * once for every block of keys that reads them. */
-static void copy_queries(const TandemDecoder *d, const float *qkv, score_elem *out) {
+static void copy_queries(const TandemDecoder *d, const float *qkv, attn_elem *out) {
     int64_t dim = d->head_dim, width = key_width_of(dim);
     for (int64_t h = 0; h < d->heads; h++) {
-        memset(out + h * width, 0, sizeof(score_elem) * width);
+        memset(out + h * width, 0, sizeof(attn_elem) * width);
         v_round_to_bf16(qkv + h * dim, dim, out + h * width);
     }
 }
 
-/* Key rows begin..end-1 (rows of `keys`, dim floats each) as the scores read them: rounded to
- * bf16 into `copy`, key_width apart. A task rounds its rows once for all its tokens and heads. */
-static const score_elem *key_rows(const Attention *a, const float *keys, int64_t begin, int64_t end, score_elem *copy) {
+/* Key rows begin..end-1 of the cache as the scores read them, key_width apart: the cache's own
+ * rows where the head width is whole score_vecs, else copied into `copy` with zeros after. */
+static const attn_elem *key_rows(const Attention *a, const attn_elem *keys, int64_t begin, int64_t end, attn_elem *copy) {
     int64_t dim = a->d->head_dim, width = a->key_width;
+    if (width == dim) return keys + (a->first_row + begin) * dim;
     for (int64_t s = begin; s < end; s++) {
-        score_elem *row = copy + (s - begin) * width;
-        memset(row, 0, sizeof(score_elem) * width);
-        v_round_to_bf16(keys + (a->first_row + s) * dim, dim, row);
+        attn_elem *row = copy + (s - begin) * width;
+        memcpy(row, keys + (a->first_row + s) * dim, sizeof(attn_elem) * dim);
+        memset(row + dim, 0, sizeof(attn_elem) * (width - dim));
     }
     return copy;
 }
+
+/* x (dim floats) into a cache row, rounded to bf16. */
+static inline void store_row(attn_elem *row, const float *x, int64_t dim) { v_round_to_bf16(x, dim, row); }
 
 /* The weights rounded to bf16, as the weighted values use them (their sums too). */
 static inline void round_weights(float *weights, int64_t count) { v_round_floats_to_bf16(weights, count); }
 
 /* Value rows begin + 2k and begin + 2k + 1 (a zero row past end) side by side as VDPBF16PS
  * pairs them, for the columns weigh_values sums (the first whole VALUE_COLUMNS of each row):
- * pair k's 16 columns from c at pairs + k * 2 * dim + 2 * c. A task pairs its rows once for
- * all its tokens and heads; a token that sees rows other than these two by two pairs its own
- * (weigh_values). */
-static void value_pairs(const Attention *a, const float *values, int64_t begin, int64_t end, uint16_t *pairs) {
+ * pair k's 16 columns from c at pairs + k * 2 * dim + 2 * c. Made where a task has several
+ * tokens, which then share each pair; a step pairs the rows as it reads them (weigh_values),
+ * as does a token that sees rows other than these two by two. NULL where not made. */
+static const uint16_t *value_pairs(const Attention *a, const attn_elem *values, int64_t begin, int64_t end,
+                                   uint16_t *pairs) {
     int64_t dim = a->d->head_dim, columns = dim / VALUE_COLUMNS * VALUE_COLUMNS;
+    if (a->n < 2 || columns == 0) return NULL;
     for (int64_t s = begin; s < end; s += 2) {
-        const float *first = values + (a->first_row + s) * dim, *second = s + 1 < end ? first + dim : NULL;
+        const attn_elem *first = values + (a->first_row + s) * dim, *second = s + 1 < end ? first + dim : NULL;
         uint16_t *pair = pairs + (s - begin) * dim;
         for (int64_t c = 0; c < columns; c += LANES)
             _mm512_storeu_si512(pair + 2 * c, (__m512i)v_pair_columns(first + c, second != NULL ? second + c : NULL));
     }
+    return pairs;
 }
 #else
 static inline int64_t key_width_of(int64_t dim) { return dim; }
-static void copy_queries(const TandemDecoder *d, const float *qkv, score_elem *out) { (void)d, (void)qkv, (void)out; }
+static void copy_queries(const TandemDecoder *d, const float *qkv, attn_elem *out) { (void)d, (void)qkv, (void)out; }
 /* The float32 build's scores read the cache's key rows themselves. */
-static const score_elem *key_rows(const Attention *a, const float *keys, int64_t begin, int64_t end, score_elem *copy) {
+static const attn_elem *key_rows(const Attention *a, const attn_elem *keys, int64_t begin, int64_t end, attn_elem *copy) {
     (void)end, (void)copy;
     return keys + (a->first_row + begin) * a->d->head_dim;
 }
+static inline void store_row(attn_elem *row, const float *x, int64_t dim) { memcpy(row, x, sizeof(float) * dim); }
 static inline void round_weights(float *weights, int64_t count) { (void)weights, (void)count; }
-static void value_pairs(const Attention *a, const float *values, int64_t begin, int64_t end, uint16_t *pairs) {
+static const uint16_t *value_pairs(const Attention *a, const attn_elem *values, int64_t begin, int64_t end,
+                                   uint16_t *pairs) {
     (void)a, (void)values, (void)begin, (void)end, (void)pairs;
+    return NULL;
 }
 #endif
 
 /* v_dot_rows_heads with a constant count of heads, and the demo's head width, in each call:
  * the queries and their sums stay in registers. */
-static void dot_heads(const score_elem *const *queries, int heads, const score_elem *block, int64_t dim, vec *out) {
+static void dot_heads(const attn_elem *const *queries, int heads, const attn_elem *block, int64_t dim, vec *out) {
 #if SCORE_HEADS >= 3
     if (dim == 64) {
         switch (heads) {
@@ -338,13 +350,13 @@ static void dot_heads(const score_elem *const *queries, int heads, const score_e
  * products come out of one reduction. A last block of fewer rows is copied into zeros at
  * `padded`: every score comes out of the same arithmetic whichever block a row falls in, so
  * a step's scores are a verify's. */
-static void score_block(const Attention *a, int64_t g, int64_t r, const score_elem *keys, int64_t begin, int64_t end,
-                        int64_t s, float *scores, float *tops, score_elem *padded) {
+static void score_block(const Attention *a, int64_t g, int64_t r, const attn_elem *keys, int64_t begin, int64_t end,
+                        int64_t s, float *scores, float *tops, attn_elem *padded) {
     int64_t dim = a->key_width, count = end - begin, rows = end - s < LANES ? end - s : LANES;
-    const score_elem *block = keys + (s - begin) * dim;
+    const attn_elem *block = keys + (s - begin) * dim;
     if (rows < LANES) {
-        memset(padded, 0, sizeof(score_elem) * LANES * dim);
-        memcpy(padded, block, sizeof(score_elem) * rows * dim);
+        memset(padded, 0, sizeof(attn_elem) * LANES * dim);
+        memcpy(padded, block, sizeof(attn_elem) * rows * dim);
         block = padded;
     }
     for (int64_t i = 0; i < a->n; i++) {
@@ -353,7 +365,7 @@ static void score_block(const Attention *a, int64_t g, int64_t r, const score_el
         lanes_mask seen = v_seen_lanes(a->visible + i * a->visible_stride + s, rows, first, last);
         for (int64_t h0 = 0; h0 < a->groups; h0 += SCORE_HEADS) {
             int heads = a->groups - h0 < SCORE_HEADS ? (int)(a->groups - h0) : SCORE_HEADS;
-            const score_elem *queries[SCORE_HEADS];
+            const attn_elem *queries[SCORE_HEADS];
             vec dots[SCORE_HEADS];
             for (int h = 0; h < heads; h++) queries[h] = query_of(a, i, g, h0 + h);
             dot_heads(queries, heads, block, dim, dots);
@@ -369,20 +381,20 @@ static void score_block(const Attention *a, int64_t g, int64_t r, const score_el
 }
 
 /* score_block for one row, for heads whose width is no multiple of LANES. */
-static void score_row(const Attention *a, int64_t g, int64_t r, const score_elem *keys, int64_t begin, int64_t end,
+static void score_row(const Attention *a, int64_t g, int64_t r, const attn_elem *keys, int64_t begin, int64_t end,
                       int64_t s, float *scores, float *largest) {
     int64_t dim = a->key_width, count = end - begin;
-    const score_elem *key = keys + (s - begin) * dim;
+    const attn_elem *key = keys + (s - begin) * dim;
     for (int64_t i = 0; i < a->n; i++) {
         int seen = sees(a, i, range_of(a, i, r), s);
         for (int64_t h = 0; h < a->groups; h++) {
             int64_t q = i * a->groups + h;
             float score = -INFINITY;
             if (seen) {
-                const score_elem *query = query_of(a, i, g, h);
+                const attn_elem *query = query_of(a, i, g, h);
                 float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-                for (int64_t j = 0; j < dim; j++) dot += score_float(query[j]) * score_float(key[j]);
+                for (int64_t j = 0; j < dim; j++) dot += attn_float(query[j]) * attn_float(key[j]);
                 score = dot * a->d->attention_scale;
                 if (score > largest[q]) largest[q] = score;
             }
@@ -396,7 +408,7 @@ static void score_row(const Attention *a, int64_t g, int64_t r, const score_elem
  * up to HEADS_AT_ONCE heads of a token at a time, VALUE_COLUMNS columns at a time (the range's
  * value rows, 32 KB at 64 columns, stay in L1 for the token's heads), then the columns past
  * those one row at a time. A head that sees nothing here keeps its zeros. */
-static void weigh_range(const Attention *a, int64_t r, const float *values, const uint16_t *pairs, int64_t begin,
+static void weigh_range(const Attention *a, int64_t r, const attn_elem *values, const uint16_t *pairs, int64_t begin,
                         int64_t end, const float *scores, const float *largest, float *acc, float *total) {
     int64_t dim = a->d->head_dim, groups = a->groups, count = end - begin, j0 = 0;
     for (; j0 + VALUE_COLUMNS <= dim; j0 += VALUE_COLUMNS)
@@ -412,21 +424,22 @@ static void weigh_range(const Attention *a, int64_t r, const float *values, cons
                     weights[h] = scores + q * count - begin;
                     out[h] = largest[q] == -INFINITY ? ignored[h] : acc + q * dim + j0;
                 }
-                weigh_heads(values + a->first_row * dim + j0, pairs + 2 * j0, begin, dim, seen, weights, heads, span.first,
+                weigh_heads(values + a->first_row * dim + j0, pairs != NULL ? pairs + 2 * j0 : NULL, begin, dim, seen, weights,
+                            heads, span.first,
                             span.past, out, totals);
                 if (j0 == 0) /* the later columns' passes sum the same weights again */
                     for (int h = 0; h < heads; h++) total[i * groups + h0 + h] = totals[h];
             }
         }
     for (int64_t s = begin; s < end && j0 < dim; s++) {
-        const float *value = values + (a->first_row + s) * dim;
+        const attn_elem *value = values + (a->first_row + s) * dim;
         for (int64_t i = 0; i < a->n; i++) {
             if (!sees(a, i, range_of(a, i, r), s)) continue;
             for (int64_t h = 0; h < groups; h++) {
                 float *out = acc + (i * groups + h) * dim;
                 float weight = scores[(i * groups + h) * count + s - begin];
 #pragma omp simd
-                for (int64_t j = j0; j < dim; j++) out[j] += weight * value[j];
+                for (int64_t j = j0; j < dim; j++) out[j] += weight * attn_float(value[j]);
             }
         }
     }
@@ -454,14 +467,14 @@ static void sum_weights(const Attention *a, int64_t r, const float *scores, int6
 /* The batch's tokens against their range r of key/value head g, which all lie in cache rows
  * begin..end-1: each (token, group head)'s scores, their exponentials (less the largest), the
  * largest, their sum and the weighted values, for merge_ranges. */
-static void attend_range(const Attention *a, int64_t g, int64_t r, const float *keys, const float *values,
+static void attend_range(const Attention *a, int64_t g, int64_t r, const attn_elem *keys, const attn_elem *values,
                          int64_t begin, int64_t end, float *largest, float *total, float *acc, const Scratch *scratch) {
     int64_t dim = a->d->head_dim, count = end - begin, queries = a->n * a->groups;
     float *scores = scratch->scores, *tops = scratch->tops;
     for (int64_t q = 0; q < queries; q++) largest[q] = -INFINITY;
     for (int64_t j = 0; j < queries * dim; j++) acc[j] = 0.0f;
     /* 1. Scores: each key row read once for every token and query head of the group. */
-    const score_elem *rows = key_rows(a, keys, begin, end, scratch->keys);
+    const attn_elem *rows = key_rows(a, keys, begin, end, scratch->keys);
     if (a->key_width % SCORE_STEP == 0) {
         for (int64_t q = 0; q < queries; q++) v_store(tops + q * LANES, v_set(-INFINITY));
         for (int64_t s = begin; s < end; s += LANES) score_block(a, g, r, rows, begin, end, s, scores, tops, scratch->padded);
@@ -476,8 +489,7 @@ static void attend_range(const Attention *a, int64_t g, int64_t r, const float *
             round_weights(scores + q * count, count);
         }
     /* 3. The weighted values, and the weights' sums. */
-    if (dim >= VALUE_COLUMNS) value_pairs(a, values, begin, end, scratch->pairs);
-    weigh_range(a, r, values, scratch->pairs, begin, end, scores, largest, acc, total);
+    weigh_range(a, r, values, value_pairs(a, values, begin, end, scratch->pairs), begin, end, scores, largest, acc, total);
     if (a->d->head_dim < VALUE_COLUMNS) sum_weights(a, r, scores, begin, end, total);
 }
 
@@ -521,7 +533,7 @@ typedef struct {
      * pages faulted in anew by every call and its scores read back from memory). */
     int64_t ranges, *bounds, *range_first, *range_rows, scores_per_thread, widest_task;
     float *scores, *tops, *largest, *totals, *partial; /* tops: n * groups * LANES floats a thread */
-    score_elem *padded, *key_copies, *queries; /* queries: the bf16 build's (copy_queries) */
+    attn_elem *padded, *key_copies, *queries; /* queries: the bf16 build's (copy_queries) */
     uint16_t *value_pairs;
     int64_t key_width;
 } Work;
@@ -628,10 +640,10 @@ static int work_alloc(Work *w, const TandemDecoder *d, int64_t n, const uint8_t 
     /* the bf16 build's copies (+ 1: malloc(0) may give NULL) */
     int64_t copies = BF16_ATTENTION ? threads : 0;
     w->key_width = key_width_of(dim);
-    w->padded = malloc(sizeof(score_elem) * threads * LANES * w->key_width); /* a block of key rows (score_block) */
-    w->key_copies = malloc(sizeof(score_elem) * (copies * w->widest_task * w->key_width + 1));
+    w->padded = malloc(sizeof(attn_elem) * threads * LANES * w->key_width); /* a block of key rows (score_block) */
+    w->key_copies = malloc(sizeof(attn_elem) * (copies * w->widest_task * w->key_width + 1));
     w->value_pairs = malloc(sizeof(uint16_t) * (copies * (w->widest_task + 1) * dim + 1));
-    w->queries = malloc(sizeof(score_elem) * ((BF16_ATTENTION ? n * d->heads * w->key_width : 0) + 1));
+    w->queries = malloc(sizeof(attn_elem) * ((BF16_ATTENTION ? n * d->heads * w->key_width : 0) + 1));
     if (!w->state || !w->normed || !w->wide || !w->mixed || !w->update || !w->scores || !w->padded || !w->tops || !w->largest ||
         !w->totals || !w->partial || !w->key_copies || !w->value_pairs || !w->queries) {
         work_free(w);
@@ -687,7 +699,7 @@ static void mlp_middle(const void *context, int64_t i) {
 /* A token's queries and key normed (where the model norms them) and rotated; its key and value
  * into the cache at `row`; in the bf16 build its queries rounded into `queries` (copy_queries). */
 static void place_token(const TandemDecoder *d, const TandemLayer *layer, float *qkv, int64_t position, int64_t row,
-                        score_elem *queries) {
+                        attn_elem *queries) {
     int64_t dim = d->head_dim, q_width = d->heads * dim, kv_width = d->kv_heads * dim;
     const float *cos = d->cos + position * dim, *sin = d->sin + position * dim;
     for (int64_t h = 0; h < d->heads; h++) {
@@ -698,8 +710,8 @@ static void place_token(const TandemDecoder *d, const TandemLayer *layer, float 
         float *key = qkv + q_width + g * dim, *value = qkv + q_width + kv_width + g * dim;
         if (layer->k_norm != NULL) rms_norm(key, layer->k_norm, dim, d->eps, key);
         rotate(key, cos, sin, dim);
-        memcpy(layer->keys + (g * d->cache_rows + row) * dim, key, sizeof(float) * dim);
-        memcpy(layer->values + (g * d->cache_rows + row) * dim, value, sizeof(float) * dim);
+        store_row((attn_elem *)layer->keys + (g * d->cache_rows + row) * dim, key, dim);
+        store_row((attn_elem *)layer->values + (g * d->cache_rows + row) * dim, value, dim);
     }
     copy_queries(d, qkv, queries);
 }
@@ -720,7 +732,8 @@ static void attend_spans(const TandemDecoder *d, const TandemLayer *layer, const
                 int64_t begin = own.bounds[r], end = own.bounds[r + 1], task = (i * d->kv_heads + g) * ranges + r;
                 if (begin == end) continue; /* past its span: merge_ranges stops before it */
                 Scratch scratch = scratch_of(w, 1, groups, dim, omp_get_thread_num());
-                attend_range(&own, g, r, layer->keys + g * d->cache_rows * dim, layer->values + g * d->cache_rows * dim,
+                attend_range(&own, g, r, (const attn_elem *)layer->keys + g * d->cache_rows * dim,
+                             (const attn_elem *)layer->values + g * d->cache_rows * dim,
                              begin, end, w->largest + task * groups, w->totals + task * groups,
                              w->partial + task * groups * dim, &scratch);
             }
@@ -750,7 +763,7 @@ static int run_layer(const TandemDecoder *d, const TandemLayer *layer, int64_t n
     /* Attention: queries, keys and values; keys and values into the cache; then attend. */
     if ((status = linear(&layer->qkv, w->normed, n, w->wide, NULL, NULL, threads))) return status;
     /* the scores read the rotated queries in qkv, or the bf16 build's copy of them */
-    const score_elem *queries_read = BF16_ATTENTION ? w->queries : (const score_elem *)w->wide;
+    const attn_elem *queries_read = BF16_ATTENTION ? w->queries : (const attn_elem *)w->wide;
     int64_t query_stride = BF16_ATTENTION ? d->heads * w->key_width : qkv_width;
     Attention attention = {d, n, groups, q_width, visible_stride, first_row, queries_read, query_stride, w->key_width,
                            visible, w->bounds, w->ranges + 1};
@@ -771,8 +784,8 @@ static int run_layer(const TandemDecoder *d, const TandemLayer *layer, int64_t n
                 for (int64_t r = 0; r < ranges; r++) {
                     int64_t task = g * ranges + r, begin = w->range_first[r], end = begin + w->range_rows[r];
                     Scratch scratch = scratch_of(w, n, groups, dim, omp_get_thread_num());
-                    attend_range(&attention, g, r, layer->keys + g * d->cache_rows * dim,
-                                 layer->values + g * d->cache_rows * dim, begin, end, w->largest + task * queries,
+                    attend_range(&attention, g, r, (const attn_elem *)layer->keys + g * d->cache_rows * dim,
+                                 (const attn_elem *)layer->values + g * d->cache_rows * dim, begin, end, w->largest + task * queries,
                                  w->totals + task * queries, w->partial + task * queries * dim, &scratch);
                 }
 #pragma omp for collapse(2) schedule(static)
@@ -919,6 +932,9 @@ int tandem_eagle3_forward(const TandemDecoder *d, const float *hidden_norm, int6
     work_free(&w);
     return status;
 }
+
+/* The bytes of a cache element: 4 (float32), or 2 where the cache holds bf16 (BF16_ATTENTION). */
+int64_t tandem_cache_element_bytes(void) { return sizeof(attn_elem); }
 
 int64_t tandem_abi(int64_t *out, int64_t count) {
 #define AT(type, field) (int64_t) offsetof(type, field)

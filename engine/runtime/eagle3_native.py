@@ -1,5 +1,6 @@
 """An EAGLE-3 head's decoder layer and LM head in one C call (`tandem_eagle3_forward` in
-decoder_forward.c), with int8 weights, over the head's own float32 KV cache.
+decoder_forward.c), with int8 weights, over the head's own KV cache (float32, or bf16 where
+the kernel build's attention multiplies in bf16).
 
 Why: a drafted token must cost little next to the target step it saves. In torch the head
 took 3.2 ms a call in bf16 on the 2-core development CPU, about what a whole step of the demo
@@ -21,7 +22,7 @@ from . import int8_kernel
 from .cpu import forward_threads
 from .eagle3_head import Eagle3Head
 from .int8_weights import Int8Linear, join_rows, quantise_rows
-from .native_forward import DecoderStruct, LayerStruct, int8_struct
+from .native_forward import DecoderStruct, LayerStruct, cache_dtype, int8_struct
 
 GROWTH = 256  # cache rows (and rotary positions) added at a time
 # Tokens per C call: a long prompt is read in pieces, as the target's native forward reads it
@@ -134,7 +135,7 @@ class NativeHeadLayer:
             return
         config = self.config
         capacity = max(capacity + GROWTH, rows)
-        keys = torch.zeros(config.num_key_value_heads, capacity, config.head_dim)
+        keys = torch.zeros(config.num_key_value_heads, capacity, config.head_dim, dtype=cache_dtype())
         values = torch.zeros_like(keys)
         if self._keys.dim() == 3:
             keys[:, : self._keys.shape[1]] = self._keys

@@ -46,11 +46,12 @@ STATIC_ENGINES = {NATIVE, CUDA_GRAPHS, COMPILED, STATIC_EAGER}
 # What turns CUDA graphs off for every pair, to compare them with the eager runtime.
 GRAPHS_ENVIRONMENT = "TANDEM_CUDA_GRAPHS"
 # The kernel builds the native forward was measured faster with than llama.cpp (docs/BENCHMARKS.md):
-# AVX-512 VNNI on its own CPU; the two 256-bit builds on the same CPU, built as CPUs with only
-# their features build them (TANDEM_INT8_KERNEL, docs/bench/native_variants.py: a step 0.50x
-# and 0.52x of llama.cpp's time; prompts 0.87x and 1.23x). "auto" puts the demo pair on torch
-# before `tandem tune` measured it only on these (runtime_choice.unmeasured_prefers_torch).
-MEASURED_VARIANTS = {"AVX-512 VNNI", "AVX-VNNI", "AVX2"}
+# AVX-512 VNNI on its own CPU, and with bf16 attention on a Zen 4; the two 256-bit builds on the
+# same CPU, built as CPUs with only their features build them (TANDEM_INT8_KERNEL,
+# docs/bench/native_variants.py: a step 0.50x and 0.52x of llama.cpp's time; prompts 0.87x and
+# 1.23x). "auto" puts the demo pair on torch before `tandem tune` measured it only on these
+# (runtime_choice.unmeasured_prefers_torch).
+MEASURED_VARIANTS = {"AVX-512 BF16", "AVX-512 VNNI", "AVX-VNNI", "AVX2"}
 
 
 def measured_here() -> bool:

@@ -162,13 +162,15 @@ def _(x: torch.Tensor, weight: torch.Tensor, row_sums: torch.Tensor) -> torch.Te
 
 
 def variant_name() -> str | None:
-    """Which build of the kernel runs here ("AVX-512 VNNI", "AVX-VNNI", "AVX2", "portable"), or None."""
+    """Which build of the kernel runs here ("AVX-512 BF16", "AVX-512 VNNI", "AVX-VNNI", "AVX2", "portable"), or None."""
     return _variant.name if _loaded() is not None else None
 
 
 def attention_in_bf16() -> bool:
-    """Whether the build that runs here multiplies the native forward's attention in bf16."""
-    return _loaded() is not None and _variant.bf16_attention
+    """Whether the build that runs here multiplies the native forward's attention in bf16 (and
+    keeps its KV cache in bf16), as the library itself says."""
+    library = _loaded()
+    return library is not None and library.tandem_cache_element_bytes() == 2
 
 
 def use_amx(on: bool | None = None) -> bool:
@@ -330,6 +332,8 @@ def _declared(loaded: ctypes.CDLL) -> ctypes.CDLL:
         ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int,
     ]
     spans.restype = ctypes.c_int
+    loaded.tandem_cache_element_bytes.argtypes = []
+    loaded.tandem_cache_element_bytes.restype = ctypes.c_int64
     head = loaded.tandem_eagle3_forward
     head.argtypes = [
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,

@@ -7,7 +7,7 @@ between them (dynamo's guards, inductor's wrapper and small kernels, attention's
 In C that machinery is gone, and no compile is needed for it: the forward runs at full speed
 from the first token (docs/BENCHMARKS.md, "A native forward").
 
-What it runs: the forward `torch_static.StaticCacheForward` runs, over the same KV cache
+What it runs: the forward `static_cache_forward.StaticCacheForward` runs, over the same KV cache
 tensors, so the two can take turns within a conversation. Where a model runs here, every
 forward does, prompts included (in pieces of PROMPT_ROWS tokens); forward_plan.py decides
 that, and says why. Its products are the very floats of the torch forward's; the norms, rotary embedding and
@@ -106,8 +106,15 @@ def _shape_refusal(model: torch.nn.Module) -> str | None:
     return None
 
 
+def cache_dtype() -> torch.dtype:
+    """What the native forward keeps keys and values in: bf16 where the kernel build's attention
+    multiplies in bf16 (the cache then holds half the bytes, and a step at a long context reads
+    half), else float32."""
+    return torch.bfloat16 if int8_kernel.attention_in_bf16() else torch.float32
+
+
 def native_forward(forward) -> NativeForward | None:
-    """The native forward over `forward`'s model and cache (a torch_static.StaticCacheForward),
+    """The native forward over `forward`'s model and cache (a static_cache_forward.StaticCacheForward),
     or None where `refusal` says why not."""
     return NativeForward(forward) if refusal(forward.model, forward.cache[0][0].device) is None else None
 
@@ -138,6 +145,7 @@ class NativeForward:
         self.vocab = model.lm_head.weight.shape[0]
         keep: list = []  # every tensor whose address the C structs hold
         rows = forward.rows
+        forward.hold_cache_in(cache_dtype())
         with torch.inference_mode():
             # The rotary embedding of every position, from the model's own module (its scaling included).
             probe = torch.zeros(1, 1, config.hidden_size)

@@ -82,24 +82,25 @@ static inline __attribute__((always_inline)) __m512 v_last_sums(__m512 low, __m5
 
 #if defined(__AVX512BF16__)
 /* The AVX-512 BF16 build's attention multiplies in bf16 (VDPBF16PS: two products a lane per
- * instruction, twice float32's multiply-adds): queries, keys, values and the softmax weights
- * are rounded to bf16 (8 significant bits), every sum stays float32. Why: reading a long
- * prompt, the scores and the weighted values were two thirds of the time, both at ~90% of the
- * CPU's float32 multiply-add peak (perf, 7,000 tokens). What it costs the demo target
- * (docs/bench/bf16_attention_quality.py, 1,500 tokens): NLL 4.1269 -> 4.1268 nats a token,
- * the same top token 99.7% of the time. Each value is rounded on its own, so a verify's
- * tokens still get their steps' bits. */
+ * instruction, twice float32's multiply-adds), and its KV cache holds bf16: queries, keys,
+ * values and the softmax weights are rounded to bf16 (8 significant bits), every sum stays
+ * float32. Why: reading a long prompt, the scores and the weighted values were two thirds of
+ * the time, both at ~90% of the CPU's float32 multiply-add peak (perf, 7,000 tokens); and a
+ * step at a long context reads the whole cache, now half the bytes. What it costs the demo
+ * target (docs/bench/bf16_attention_quality.py, 1,500 tokens): NLL 4.1269 -> 4.1268 nats a
+ * token, the same top token 99.7% of the time. Each value is rounded on its own, so a
+ * verify's tokens still get their steps' bits. */
 #define BF16_ATTENTION 1
-typedef uint16_t score_elem; /* a query's or key's element as the scores read it */
+typedef uint16_t attn_elem; /* an element of a query, key or value as attention reads it */
 typedef __m512bh score_vec;
 #define SCORE_STEP 32 /* elements a score_vec holds */
-static inline float score_float(score_elem x) {
+static inline float attn_float(attn_elem x) {
     uint32_t bits = (uint32_t)x << 16;
     float value;
     memcpy(&value, &bits, 4);
     return value;
 }
-static inline score_vec v_load_scores(const score_elem *p) { return (__m512bh)_mm512_loadu_si512(p); }
+static inline score_vec v_load_scores(const attn_elem *p) { return (__m512bh)_mm512_loadu_si512(p); }
 /* acc + the lane's two products of a and b */
 static inline __m512 v_dot_add(score_vec a, score_vec b, __m512 acc) { return _mm512_dpbf16_ps(acc, a, b); }
 
@@ -121,14 +122,14 @@ static inline void v_round_floats_to_bf16(float *x, int64_t count) {
         _mm512_mask_storeu_ps(x + j, in, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16)));
     }
 }
-/* 16 columns of two value rows a and b as VDPBF16PS pairs them: a[c], b[c] side by side, each
- * rounded to bf16 (b NULL: zeros). */
-static inline __m512bh v_pair_columns(const float *a, const float *b) {
-    const __m512i side_by_side = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
-                                                  21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    __m512 second = b != NULL ? _mm512_loadu_ps(b) : _mm512_setzero_ps();
-    __m512i both = (__m512i)_mm512_cvtne2ps_pbh(second, _mm512_loadu_ps(a)); /* a's 16 first, then b's */
-    return (__m512bh)_mm512_permutexvar_epi16(side_by_side, both);
+/* 16 columns of two bf16 value rows a and b as VDPBF16PS pairs them: a[c], b[c] side by side
+ * (b NULL: zeros). */
+static inline __m512bh v_pair_columns(const attn_elem *a, const attn_elem *b) {
+    const __m512i side_by_side = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                                  37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    __m512i first = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a));
+    __m512i second = b != NULL ? _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b)) : _mm512_setzero_si512();
+    return (__m512bh)_mm512_permutex2var_epi16(first, side_by_side, second);
 }
 /* The weights w_a and w_b (floats that are bf16 already) as one pair, in every lane */
 static inline __m512bh v_pair_weights(float a, float b) {
@@ -138,18 +139,18 @@ static inline __m512bh v_pair_weights(float a, float b) {
 }
 #else
 #define BF16_ATTENTION 0
-typedef float score_elem;
+typedef float attn_elem;
 typedef __m512 score_vec;
 #define SCORE_STEP 16
-static inline float score_float(score_elem x) { return x; }
-static inline score_vec v_load_scores(const score_elem *p) { return _mm512_loadu_ps(p); }
+static inline float attn_float(attn_elem x) { return x; }
+static inline score_vec v_load_scores(const attn_elem *p) { return _mm512_loadu_ps(p); }
 static inline __m512 v_dot_add(score_vec a, score_vec b, __m512 acc) { return _mm512_fmadd_ps(a, b, acc); }
 #endif
 
 /* Query h . rows t and t + 1 (h < heads), over dim (a multiple of SCORE_STEP), summed lane by
  * lane in order of j, then the first step of the tree. */
-static inline __attribute__((always_inline)) void v_dot_two_rows(const score_elem *const *queries, int heads,
-                                                                 const score_elem *rows, int64_t dim, int64_t t,
+static inline __attribute__((always_inline)) void v_dot_two_rows(const attn_elem *const *queries, int heads,
+                                                                 const attn_elem *rows, int64_t dim, int64_t t,
                                                                  __m512 *pair) {
     __m512 first[SCORE_HEADS], second[SCORE_HEADS];
     for (int h = 0; h < heads; h++) first[h] = second[h] = _mm512_setzero_ps();
@@ -168,8 +169,8 @@ static inline __attribute__((always_inline)) void v_dot_two_rows(const score_ele
  * elements apart, for `heads` (at most SCORE_HEADS) queries: each key row is loaded once for all of them (a
  * prompt piece's queries had loaded every row once each), and each query's lanes are summed
  * as they would be alone, the tree walked as its sums come in so that few stay in registers. */
-static inline __attribute__((always_inline)) void v_dot_eight_rows(const score_elem *const *queries, int heads,
-                                                                   const score_elem *rows, int64_t dim, int64_t t,
+static inline __attribute__((always_inline)) void v_dot_eight_rows(const attn_elem *const *queries, int heads,
+                                                                   const attn_elem *rows, int64_t dim, int64_t t,
                                                                    __m512 *half) {
     __m512 pair[2][SCORE_HEADS], quad[2][SCORE_HEADS];
     for (int u = 0; u < 2; u++) {
@@ -180,8 +181,8 @@ static inline __attribute__((always_inline)) void v_dot_eight_rows(const score_e
     for (int h = 0; h < heads; h++) half[h] = v_half_sums(quad[0][h], quad[1][h]);
 }
 
-static inline __attribute__((always_inline)) void v_dot_rows_heads(const score_elem *const *queries, int heads,
-                                                                   const score_elem *rows, int64_t dim, vec *out) {
+static inline __attribute__((always_inline)) void v_dot_rows_heads(const attn_elem *const *queries, int heads,
+                                                                   const attn_elem *rows, int64_t dim, vec *out) {
     __m512 low[SCORE_HEADS], high[SCORE_HEADS];
     v_dot_eight_rows(queries, heads, rows, dim, 0, low);
     v_dot_eight_rows(queries, heads, rows, dim, 8, high);
@@ -303,9 +304,9 @@ static inline vec v_dot_rows(const float *query, const float *rows, int64_t dim)
 
 #ifndef BF16_ATTENTION
 #define BF16_ATTENTION 0
-typedef float score_elem; /* the scores read float32 queries and keys */
+typedef float attn_elem; /* attention reads float32 queries, keys and values */
 #define SCORE_STEP LANES
-static inline float score_float(score_elem x) { return x; }
+static inline float attn_float(attn_elem x) { return x; }
 #endif
 
 #if SCORE_HEADS == 1

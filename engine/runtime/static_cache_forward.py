@@ -64,6 +64,12 @@ class StaticCacheForward:
             # The position of the token in each row, which sliding windows are measured in.
             self.row_positions = torch.zeros(rows, dtype=torch.long, device=device) if any(self.sliding_windows) else None
 
+    def hold_cache_in(self, dtype: torch.dtype) -> None:
+        """The cache anew in `dtype` (the native forward's bf16 build keeps bf16 keys and values),
+        before anything is written into it."""
+        with torch.inference_mode():
+            self.cache = [(torch.zeros_like(keys, dtype=dtype), torch.zeros_like(values, dtype=dtype)) for keys, values in self.cache]
+
     @property
     def cache_bytes(self) -> int:
         return sum(keys.numel() * keys.element_size() * 2 for keys, _ in self.cache)
@@ -87,10 +93,13 @@ class StaticCacheForward:
             attention, joined, norms = layer.self_attn, self.joined[index], self.norms[index]
             query, key, value = self._project(attention, joined, norms["input_layernorm"](hidden))  # (1, heads or kv_heads, n, d)
             query, key = self.rotate(query, key, *rotations[self.rotary_kinds[index]])
-            keys.index_copy_(2, rows, key)
-            values.index_copy_(2, rows, value)
+            # A cache held in another dtype (hold_cache_in: a forward planned partly native, on the
+            # bf16 build) is written and read in it; where the dtypes agree these are no-ops.
+            keys.index_copy_(2, rows, key.to(keys.dtype))
+            values.index_copy_(2, rows, value.to(values.dtype))
             mask = masks[self.sliding_windows[index]]
-            attended = _attend(query, keys[:, :, :window], values[:, :, :window], mask, attention.scaling, self.attention_cap)
+            cached_keys, cached_values = keys[:, :, :window].to(query.dtype), values[:, :, :window].to(query.dtype)
+            attended = _attend(query, cached_keys, cached_values, mask, attention.scaling, self.attention_cap)
             attended = attention.o_proj(attended.transpose(1, 2).reshape(1, count, -1))
             if self.recipe.sandwich_norms:
                 hidden = hidden + norms["post_attention_layernorm"](attended)

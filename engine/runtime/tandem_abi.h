@@ -12,7 +12,7 @@
 
 #include <stdint.h>
 
-#define TANDEM_ABI_VERSION 1
+#define TANDEM_ABI_VERSION 2
 
 typedef struct {
     const int8_t *weight;   /* (rows, width) row-major */
@@ -28,7 +28,9 @@ typedef struct {
     TandemInt8 output;   /* o_proj */
     TandemInt8 gate_up;  /* gate, up side by side */
     TandemInt8 down;
-    float *keys, *values; /* (kv_heads, cache_rows, head_dim) */
+    /* (kv_heads, cache_rows, head_dim): float32, or bf16 in a build whose attention multiplies
+     * in bf16 (tandem_cache_element_bytes) */
+    void *keys, *values;
     const float *q_norm, *k_norm; /* (head_dim,): RMSNorm of each query and key head (Qwen3), or NULL */
 } TandemLayer;
 

@@ -39,15 +39,20 @@ def test_the_demo_pair_drafts_with_the_shipped_head(demo_target_folder):
 
 
 def test_the_shipped_head_drafts_what_the_demo_target_keeps(demo_target_folder):
-    """A greedy reply of the demo pair drafted by the head: the target's own reply, and the
+    """Greedy replies of the demo pair drafted by the head: the target's own replies, and the
     head's first drafted token kept far more often than a wrong head's would be (the model
-    card says 0.47-0.56 on chat prompts)."""
+    card says 0.47-0.56 on chat prompts). Over three prompts: one reply's rate swings with
+    where it goes (0.22-0.45 for the first, whose greedy reply differs by the kernel build)."""
     pair = load_pair(demo_pair())
     assert pair.describe()["eagle"] == DEMO_EAGLE_FOLDER.name  # what the status bar names
-    question = [Message("user", "Explain in two sentences why the sky is blue.")]
-    replies = {}
-    for method in ("ar", "eagle"):
-        finished = list(pair.generate(question, DecodeSettings(method=method, max_new_tokens=48, draft_tokens=2)))[-1]
-        replies[method] = finished.token_ids
-    assert replies["eagle"] == replies["ar"]
-    assert finished.stats.acceptance_by_position[0] > 0.3, finished.stats.acceptance_by_position
+    kept = []
+    for prompt in ("Explain in two sentences why the sky is blue.", "Write a haiku about autumn.",
+                   "What is the capital of France and why is it famous?"):
+        question = [Message("user", prompt)]
+        replies = {}
+        for method in ("ar", "eagle"):
+            finished = list(pair.generate(question, DecodeSettings(method=method, max_new_tokens=48, draft_tokens=2)))[-1]
+            replies[method] = finished.token_ids
+        assert replies["eagle"] == replies["ar"]
+        kept.append(finished.stats.acceptance_by_position[0])
+    assert sum(kept) / len(kept) > 0.3, kept

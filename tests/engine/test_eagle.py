@@ -160,7 +160,7 @@ def int8_rounded(head: Eagle3Head) -> Eagle3Head:
 def test_the_native_heads_cache_after_many_rounds_matches_a_fresh_torch_recompute(seed, head_dim, monkeypatch):
     """The head in C (int8 weights) after the same rounds: its logits are the torch head's over
     the same int8-rounded weights, up to the activations' int8 rounding and float32 sums in
-    another order. A wrong cache slot, rotation, norm or mask is off by whole units. Small
+    another order (and bf16 attention on that build). A wrong cache slot, rotation, norm or mask is off by whole units. Small
     growth steps and prompt pieces make the cache grow (and the C view follow it) and the
     prompt arrive in many calls; a prompt of 150 spans two of attention's 128-row ranges;
     heads of 16 take the vector attention path, heads of 8 the plain one."""
@@ -182,7 +182,9 @@ def test_the_native_heads_cache_after_many_rounds_matches_a_fresh_torch_recomput
     reference, embeddings = int8_rounded(head), weight.float() * scale[:, None]
     expected = reference_head_logits(reference, model, context, embeddings=embeddings)
     drafted = logits[head.target_ids]
-    assert (drafted - expected).abs().max() <= 2e-3 * expected.abs().max(), (drafted - expected).abs().max()
+    # bf16 attention (the AVX-512 BF16 build) rounds its inputs to 8 significant bits
+    relative = 1e-2 if int8_kernel.attention_in_bf16() else 2e-3
+    assert (drafted - expected).abs().max() <= relative * expected.abs().max(), (drafted - expected).abs().max()
     assert int(drafted.argmax()) == int(expected.argmax())
     assert torch.isinf(logits[~head.t2d]).all()  # tokens outside the draft vocabulary are never drafted
     # The context read anew in pieces, every position's logits: each piece's own mask and rows.
@@ -190,7 +192,7 @@ def test_the_native_heads_cache_after_many_rounds_matches_a_fresh_torch_recomput
     read = len(runner.target) - 1
     every = runner.forward(context[:read], logits_wanted=read - 3)[:, head.target_ids]
     expected = reference_head_logits(reference, model, context[:read], embeddings=embeddings, every=True)[3:]
-    assert (every - expected).abs().max() <= 2e-3 * expected.abs().max(), (every - expected).abs().max()
+    assert (every - expected).abs().max() <= relative * expected.abs().max(), (every - expected).abs().max()
 
 
 def test_a_head_the_native_path_cannot_run_is_refused_with_the_reason_or_runs_in_torch():

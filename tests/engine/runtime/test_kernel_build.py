@@ -127,7 +127,7 @@ def test_a_library_of_another_abi_version_is_refused(fresh_kernel, monkeypatch):
 # tandem_abi.h changed on the C side only, its version kept: what a field added or two fields
 # swapped there without the same change in kernel_abi.py would build, and what the refusal says.
 PLANTED = {
-    "a field added": ("    float *keys, *values;", "    float *keys, *values;\n    int64_t planted;",
+    "a field added": ("    void *keys, *values;", "    void *keys, *values;\n    int64_t planted;",
                       f"sizeof(TandemLayer) is {ctypes.sizeof(kernel_abi.LayerStruct) + 8} "
                       f"where this Tandem's ctypes structs have {ctypes.sizeof(kernel_abi.LayerStruct)}"),
     "two fields swapped": ("    const float *cos, *sin;", "    const float *sin, *cos;",

@@ -315,10 +315,14 @@ def each_build(request, monkeypatch: pytest.MonkeyPatch) -> int8_kernel.Variant:
 
 def test_every_kernel_build_runs_the_native_forward(each_build):
     """The AVX2 builds compile the forward without AVX-512: its attention and e^x on 8 lanes;
-    the portable build on one lane, in plain C."""
+    the portable build on one lane, in plain C; the AVX-512 BF16 build keeps a bf16 cache."""
     assert int8_kernel.variant_name() == each_build.name
     rng = random.Random(13)
     runtimes = pair_of_runtimes(int8_model("llama-96-wide-heads", 13))
+    # the library says what its cache holds: bf16 (half the bytes) in a bf16 attention build
+    assert int8_kernel.attention_in_bf16() == each_build.bf16_attention
+    held = runtimes[0].forward_pass.cache[0][0].dtype
+    assert held == (torch.bfloat16 if each_build.bf16_attention else torch.float32)
     context = [rng.randrange(VOCAB) for _ in range(40)]
     assert close(*[runtime.forward(context, logits_wanted=3) for runtime in runtimes])
     converse(rng, runtimes, context, rounds=4, same=close)

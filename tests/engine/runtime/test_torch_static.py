@@ -16,7 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from engine.chat_prompt import Message
 from engine.config import DecodeSettings, ModelSpec, PairConfig
-from engine.runtime import int8_cuda
+from engine.runtime import int8_cuda, int8_kernel
 from engine.runtime.int8_weights import Int8Linear, quantise_weight_only, weight_bytes
 from engine.models import LoadedModel
 from engine.runtime.static_families import static_refusal
@@ -308,9 +308,11 @@ def test_weight_only_int8_keeps_the_logits_close_in_half_the_memory():
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight  # one shared table
     error = (quantised - reference).abs().max() / reference.abs().max()
     assert 0 < error < 0.02  # rounded, and only slightly
-    # and the static runtime runs it: its layers are plain tensor ops
+    # and the static runtime runs it: its layers are plain tensor ops (on the CPU in the native
+    # forward, whose bf16 attention build rounds attention's inputs to bf16's 8 significant bits)
     assert runs_static(model)
-    assert torch.allclose(static(model).forward(ids[0].tolist(), logits_wanted=5), quantised, atol=TOLERANCE)
+    tolerance = 1e-2 * float(quantised.abs().max()) if int8_kernel.attention_in_bf16() else TOLERANCE
+    assert torch.allclose(static(model).forward(ids[0].tolist(), logits_wanted=5), quantised, atol=tolerance)
 
 
 def tiny_llama_with_biases(seed: int) -> LlamaForCausalLM:
