@@ -99,17 +99,23 @@ typedef struct {
     int64_t bound_stride;
 } Attention;
 
-/* row[s] = e^(row[s] - top) */
-static void exp_shifted(float *row, int64_t count, float top) {
+/* row[s] = e^(row[s] - top), as_weights: rounded as the weighted values use it (v_as_weight) */
+static inline __attribute__((always_inline)) void exp_shifted(float *row, int64_t count, float top, int as_weights) {
     int64_t s = 0;
-    for (; s + LANES <= count; s += LANES) v_store(row + s, v_exp(v_sub(v_load(row + s), v_set(top))));
-    if (s < count) v_store_first(row + s, count - s, v_exp(v_sub(v_load_first(row + s, count - s), v_set(top))));
+    for (; s + LANES <= count; s += LANES) {
+        vec e = v_exp(v_sub(v_load(row + s), v_set(top)));
+        v_store(row + s, as_weights ? v_as_weight(e) : e);
+    }
+    if (s < count) {
+        vec e = v_exp(v_sub(v_load_first(row + s, count - s), v_set(top)));
+        v_store_first(row + s, count - s, as_weights ? v_as_weight(e) : e);
+    }
 }
 
 /* out = e^x for `count` floats: the forward's own exponential, for its tests. */
 void tandem_exp(const float *x, int64_t count, float *out) {
     memcpy(out, x, sizeof(float) * count);
-    exp_shifted(out, count, 0.0f);
+    exp_shifted(out, count, 0.0f, 0);
 }
 
 /* out[j] = silu(gate[j]) * up[j] */
@@ -286,8 +292,6 @@ static const attn_elem *key_rows(const Attention *a, const attn_elem *keys, int6
 /* x (dim floats) into a cache row, rounded to bf16. */
 static inline void store_row(attn_elem *row, const float *x, int64_t dim) { v_round_to_bf16(x, dim, row); }
 
-/* The weights rounded to bf16, as the weighted values use them (their sums too). */
-static inline void round_weights(float *weights, int64_t count) { v_round_floats_to_bf16(weights, count); }
 
 /* Value rows begin + 2k and begin + 2k + 1 (a zero row past end) side by side as VDPBF16PS
  * pairs them, for the columns weigh_values sums (the first whole VALUE_COLUMNS of each row):
@@ -315,7 +319,6 @@ static const attn_elem *key_rows(const Attention *a, const attn_elem *keys, int6
     return keys + (a->first_row + begin) * a->d->head_dim;
 }
 static inline void store_row(attn_elem *row, const float *x, int64_t dim) { memcpy(row, x, sizeof(float) * dim); }
-static inline void round_weights(float *weights, int64_t count) { (void)weights, (void)count; }
 static const uint16_t *value_pairs(const Attention *a, const attn_elem *values, int64_t begin, int64_t end,
                                    uint16_t *pairs) {
     (void)a, (void)values, (void)begin, (void)end, (void)pairs;
@@ -485,8 +488,7 @@ static void attend_range(const Attention *a, int64_t g, int64_t r, const attn_el
     /* 2. Their exponentials. */
     for (int64_t q = 0; q < queries; q++)
         if (largest[q] != -INFINITY) { /* else it sees nothing here */
-            exp_shifted(scores + q * count, count, largest[q]);
-            round_weights(scores + q * count, count);
+            exp_shifted(scores + q * count, count, largest[q], 1);
         }
     /* 3. The weighted values, and the weights' sums. */
     weigh_range(a, r, values, value_pairs(a, values, begin, end, scratch->pairs), begin, end, scores, largest, acc, total);

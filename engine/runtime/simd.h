@@ -113,14 +113,11 @@ static inline void v_round_to_bf16(const float *x, int64_t count, uint16_t *out)
         _mm256_mask_storeu_epi16(out + j, in, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(in, x + j)));
     }
 }
-/* x[0..count) rounded to bf16 in place (kept as float32, which holds them exactly) */
-static inline void v_round_floats_to_bf16(float *x, int64_t count) {
-    int64_t j = 0;
-    for (; j < count; j += 16) {
-        __mmask16 in = v_first_lanes(count - j);
-        __m256i rounded = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(in, x + j));
-        _mm512_mask_storeu_ps(x + j, in, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16)));
-    }
+/* A softmax weight as the weighted values use it (their sums too): rounded to bf16, kept as
+ * float32, which holds it exactly. */
+static inline vec v_as_weight(vec x) {
+    __m256i rounded = (__m256i)_mm512_cvtneps_pbh(x);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16));
 }
 /* 16 columns of two bf16 value rows a and b as VDPBF16PS pairs them: a[c], b[c] side by side
  * (b NULL: zeros). */
@@ -141,6 +138,7 @@ static inline __m512bh v_pair_weights(float a, float b) {
 #define BF16_ATTENTION 0
 typedef float attn_elem;
 typedef __m512 score_vec;
+static inline vec v_as_weight(vec x) { return x; }
 #define SCORE_STEP 16
 static inline float attn_float(attn_elem x) { return x; }
 static inline score_vec v_load_scores(const attn_elem *p) { return _mm512_loadu_ps(p); }
@@ -305,6 +303,7 @@ static inline vec v_dot_rows(const float *query, const float *rows, int64_t dim)
 #ifndef BF16_ATTENTION
 #define BF16_ATTENTION 0
 typedef float attn_elem; /* attention reads float32 queries, keys and values */
+static inline vec v_as_weight(vec x) { return x; } /* the weights stay float32 */
 #define SCORE_STEP LANES
 static inline float attn_float(attn_elem x) { return x; }
 #endif
