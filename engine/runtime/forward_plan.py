@@ -7,9 +7,10 @@ to the engine the plan names for its size.
 
 The engines, fastest first where each can run:
 
-- native C (native_forward.py): int8 Llama-layout models in float32 on the CPU, where the int8
-  kernel is built. Every forward, prompts included (in pieces of PROMPT_ROWS rows), so a verify
-  and a step run the same arithmetic, and nothing is left for a compile to speed up.
+- native C (native_forward.py): int8 Llama-layout models on the CPU (float32; attention in bf16
+  on AVX-512 BF16 CPUs), where the int8 kernel is built. Every forward, prompts included (in
+  pieces of PROMPT_ROWS rows), so a verify and a step run the same arithmetic, and nothing is
+  left for a compile to speed up.
 - CUDA graphs (cuda_graphs.py): any model the static cache runs, on CUDA: an eager forward
   there costs 25-30 ms of launches whatever its size, a replayed graph a few ms.
 - compiled torch (compiled_forward.py): on the CPU, where the pair allows a compile, the
@@ -144,7 +145,8 @@ def plan_forward(model: torch.nn.Module, device: torch.device, settings: Forward
     if native_reason is None:
         build = int8_kernel.variant_name()
         measured = "measured faster than llama.cpp" if measured_here() else "never measured against llama.cpp"
-        return plan(NATIVE_NAME, NATIVE, f"an int8 Llama-family model in float32 on the CPU, the {build} build ({measured}); "
+        arithmetic = "attention and its KV cache in bf16" if int8_kernel.attention_in_bf16() else "float32 between the products"
+        return plan(NATIVE_NAME, NATIVE, f"an int8 Llama-family model on the CPU, the {build} build ({measured}; {arithmetic}); "
                                          f"prompts in pieces of {PROMPT_ROWS} rows, so nothing is left to compile")
     not_native = f"not native: {native_reason}"
     if device.type == "cpu" and settings.compile:

@@ -35,9 +35,20 @@ def test_an_int8_llama_on_the_cpu_runs_natively_where_the_kernel_builds():
     assert plan.name == NATIVE_NAME and plan.engines == {NATIVE} and plan.static_cache
     assert plan.engine_for(1) == plan.engine_for(64) == NATIVE
     reason = plan.ranges[0].reason
-    assert int8_kernel.variant_name() in reason and "float32 on the CPU" in reason
+    assert int8_kernel.variant_name() in reason and "on the CPU" in reason
     assert plan.precision == "int8-wo" and plan.kernel == int8_kernel.variant_name()
     assert plan.describe().startswith(f"{NATIVE_NAME}: native C for every row count")
+
+
+@kernel_builds
+@pytest.mark.parametrize(("bf16", "said"), [(True, "attention and its KV cache in bf16"),
+                                            (False, "float32 between the products")])
+def test_the_native_plan_says_what_its_build_computes_attention_in(bf16, said, monkeypatch):
+    """The AVX-512 BF16 build's attention is bf16 (docs/BENCHMARKS.md): the plan, and so the
+    speed panel, `tandem bench` and `tandem tune`, say so."""
+    monkeypatch.setattr(int8_kernel, "attention_in_bf16", lambda: bf16)
+    reason = plan_forward(int8_llama(), CPU).ranges[0].reason
+    assert said in reason
 
 
 def test_without_the_kernel_the_plan_is_torch_and_says_why(monkeypatch):
