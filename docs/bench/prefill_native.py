@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from engine.pairs import find_pair
@@ -44,53 +45,79 @@ def prompt_of(count: int) -> list[int]:
 
 
 def load_target(build: str | None):
-    """The demo pair with no draft, its target on `build` of the kernel (None: this CPU's)."""
+    """The demo pair with no draft, its target on `build` of the kernel (None: the build
+    TANDEM_INT8_KERNEL names, else this CPU's). The kernel is loaded afresh for it."""
     for name, fresh in (("_tried", False), ("_library", None), ("_reason", None), ("_variant", None)):
         setattr(int8_kernel, name, fresh)
-    if build is None:
-        os.environ.pop("TANDEM_INT8_KERNEL", None)
-    else:
+    said = os.environ.get("TANDEM_INT8_KERNEL")
+    if build is not None:
         os.environ["TANDEM_INT8_KERNEL"] = build
-    return load_pair(dataclasses.replace(find_pair("demo"), draft=None, runtime="torch"), lambda message, fraction: None)
+    try:
+        return load_pair(dataclasses.replace(find_pair("demo"), draft=None, runtime="torch"), lambda message, fraction: None)
+    finally:
+        if said is None:
+            os.environ.pop("TANDEM_INT8_KERNEL", None)
+        else:
+            os.environ["TANDEM_INT8_KERNEL"] = said
+
+
+def read(target, prompt: list[int]) -> tuple[float, float]:
+    """Wall seconds and this process's CPU seconds of reading `prompt` from an empty cache (with
+    TANDEM_THREADS=1, the CPU seconds are the work alone, whatever else the cores run)."""
+    target.reset()
+    started, cpu = time.perf_counter(), time.process_time()
+    target.forward(prompt, logits_wanted=1)
+    return time.perf_counter() - started, time.process_time() - cpu
+
+
+def step_times(target) -> list[float]:
+    """Seconds of each of STEPS one-token steps after a read."""
+    taken = []
+    for token in prompt_of(STEPS):
+        started = time.perf_counter()
+        target.forward([token], logits_wanted=1)
+        taken.append(time.perf_counter() - started)
+    return taken
+
+
+def measure(contenders: dict[str, Callable[[], object]], counts: list[int]) -> None:
+    """Each contender (a name, and what readies its target and returns it) read by read, their
+    order turned every repeat; prints each one's medians."""
+    for count in counts:
+        prompt = prompt_of(count)
+        times: dict[str, list[float]] = {name: [] for name in contenders}
+        cpu: dict[str, list[float]] = {name: [] for name in contenders}
+        steps: dict[str, list[float]] = {name: [] for name in contenders}
+        for repeat in range(REPEATS):
+            order = list(contenders.items()) if repeat % 2 == 0 else list(contenders.items())[::-1]
+            for name, ready in order:
+                target = ready()
+                wall, used = read(target, prompt)
+                times[name].append(wall)
+                cpu[name].append(used)
+                steps[name] += step_times(target)
+        print(f"{count:5d} tokens: " + ", ".join(
+            f"{name} {statistics.median(values):6.2f} s ({count / statistics.median(values):4.0f} tok/s; "
+            f"runs {' '.join(f'{value:.2f}' for value in values)}; CPU {statistics.median(cpu[name]):.2f} s)"
+            for name, values in times.items()), flush=True)
+        if STEPS:
+            print(f"{count:5d} tokens, then a step: " + ", ".join(
+                f"{name} {1000 * statistics.median(values):.2f} ms" for name, values in steps.items()), flush=True)
 
 
 def compare_builds(build: str, counts: list[int]) -> None:
-    """`build` against this CPU's choice, read by read, each over its own target."""
-    pairs = {build: load_target(build)}
-    pairs["chosen"] = load_target(None)
-    names = {build: build, "chosen": int8_kernel.variant_name()}
-    for count in counts:
-        prompt = prompt_of(count)
-        times: dict[str, list[float]] = {name: [] for name in pairs}
-        steps: dict[str, list[float]] = {name: [] for name in pairs}
-        for repeat in range(REPEATS):
-            order = list(pairs.items()) if repeat % 2 == 0 else list(pairs.items())[::-1]
-            for name, pair in order:
-                target = pair.target_runner
-                target.reset()
-                started = time.perf_counter()
-                target.forward(prompt, logits_wanted=1)
-                times[name].append(time.perf_counter() - started)
-                for token in prompt_of(STEPS):
-                    started = time.perf_counter()
-                    target.forward([token], logits_wanted=1)
-                    steps[name].append(time.perf_counter() - started)
-        print(f"{count:5d} tokens: " + ", ".join(
-            f"{names[name]} {statistics.median(values):6.2f} s ({count / statistics.median(values):4.0f} tok/s; "
-            f"runs {' '.join(f'{value:.2f}' for value in values)})" for name, values in times.items()), flush=True)
-        if STEPS:
-            print(f"{count:5d} tokens, then a step: " + ", ".join(
-                f"{names[name]} {1000 * statistics.median(values):.2f} ms" for name, values in steps.items()), flush=True)
-    for pair in pairs.values():
-        pair.close()
+    """`build` against this CPU's choice, each over its own target."""
+    other = load_target(build)
+    chosen = load_target(None)
+    measure({build: lambda: other.target_runner, int8_kernel.variant_name(): lambda: chosen.target_runner}, counts)
+    other.close()
+    chosen.close()
 
 
-def main() -> None:
-    before, counts = sys.argv[1], [int(count) for count in sys.argv[2:]] or [500, 2000, 4000, 7000]
-    if before.startswith("build:"):
-        compare_builds(before.removeprefix("build:"), counts)
-        return
-    pair = load_pair(dataclasses.replace(find_pair("demo"), draft=None, runtime="torch"), lambda message, fraction: None)
+def compare_revisions(before: str, counts: list[int]) -> None:
+    """The C sources of revision `before` (or none: "-") and the working tree's, built with this
+    CPU's flags, switched under one loaded target."""
+    pair = load_target(None)
     target = pair.target_runner
     print(f"runtime: {target.name}, kernel: {int8_kernel.variant_name()}, pieces of {PROMPT_ROWS}", flush=True)
     variant = int8_kernel.chosen_variant()
@@ -108,44 +135,22 @@ def main() -> None:
             libraries["before"] = int8_kernel.build_for_comparison(variant, folder / "before.so", tuple(old_sources[:2]))
         libraries["after"] = int8_kernel.build_for_comparison(variant, folder / "after.so")
 
-        def read(prompt: list[int]) -> tuple[float, float]:
-            """Wall seconds and this process's CPU seconds (with TANDEM_THREADS=1, the work
-            alone, whatever else the cores run)."""
-            target.reset()
-            started, cpu = time.perf_counter(), time.process_time()
-            target.forward(prompt, logits_wanted=1)
-            return time.perf_counter() - started, time.process_time() - cpu
+        def with_library(library):
+            def ready():
+                target.native.library = library
+                return target
+            return ready
 
-        def step_times() -> list[float]:
-            """Seconds of each of STEPS one-token steps after the read."""
-            taken = []
-            for token in prompt_of(STEPS):
-                started = time.perf_counter()
-                target.forward([token], logits_wanted=1)
-                taken.append(time.perf_counter() - started)
-            return taken
-
-        for count in counts:
-            prompt = prompt_of(count)
-            times: dict[str, list[float]] = {name: [] for name in libraries}
-            cpu: dict[str, list[float]] = {name: [] for name in libraries}
-            steps: dict[str, list[float]] = {name: [] for name in libraries}
-            for repeat in range(REPEATS):
-                order = list(libraries.items()) if repeat % 2 == 0 else list(libraries.items())[::-1]
-                for name, library in order:
-                    target.native.library = library
-                    wall, used = read(prompt)
-                    times[name].append(wall)
-                    cpu[name].append(used)
-                    steps[name] += step_times()
-            print(f"{count:5d} tokens: " + ", ".join(
-                f"{name} {statistics.median(values):6.2f} s ({count / statistics.median(values):4.0f} tok/s; "
-                f"runs {' '.join(f'{value:.2f}' for value in values)}; CPU {statistics.median(cpu[name]):.2f} s)"
-                for name, values in times.items()), flush=True)
-            if STEPS:
-                print(f"{count:5d} tokens, then a step: " + ", ".join(
-                    f"{name} {1000 * statistics.median(values):.2f} ms" for name, values in steps.items()), flush=True)
+        measure({name: with_library(library) for name, library in libraries.items()}, counts)
     pair.close()
+
+
+def main() -> None:
+    before, counts = sys.argv[1], [int(count) for count in sys.argv[2:]] or [500, 2000, 4000, 7000]
+    if before.startswith("build:"):
+        compare_builds(before.removeprefix("build:"), counts)
+    else:
+        compare_revisions(before, counts)
 
 
 if __name__ == "__main__":
