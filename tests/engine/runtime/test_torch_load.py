@@ -1,7 +1,12 @@
 """Loading torch models as the chat and the app do: no third-party progress bars on screen."""
 from __future__ import annotations
 
+import threading
+
 import pytest
+import tqdm.auto as tqdm_auto
+import tqdm.std as tqdm_std
+from tqdm._monitor import TMonitor
 from transformers.utils import logging as transformers_logging
 
 from engine.config import ModelSpec
@@ -29,3 +34,19 @@ def test_converting_a_gguf_for_torch_draws_no_progress_bar(tmp_path, capsys):
     capsys.readouterr()
     resolve_source(ModelSpec(str(gguf)))
     assert "it/s]" not in capsys.readouterr().err  # what every tqdm bar ends with
+
+
+def test_converting_a_gguf_leaves_no_progress_bar_thread_running(tmp_path):
+    """A disabled tqdm still starts tqdm's monitor thread, which then outlives the load."""
+    gguf = tiny_gguf(tiny_llama(seed=3, vocab_size=64), tmp_path / "model")
+    _end_progress_bar_threads()  # writing the GGUF (or an earlier test) drew a bar
+    resolve_source(ModelSpec(str(gguf)))
+    assert not [thread for thread in threading.enumerate() if isinstance(thread, TMonitor) and thread.is_alive()]
+
+
+def _end_progress_bar_threads() -> None:
+    for thread in threading.enumerate():
+        if isinstance(thread, TMonitor):
+            thread.exit()
+    for bar in (tqdm_std.tqdm, tqdm_auto.tqdm):  # each tqdm class keeps its own monitor
+        bar.monitor = None
