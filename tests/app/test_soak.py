@@ -91,6 +91,40 @@ def test_memory_that_grows_after_the_warm_up_fails_the_memory_check(qtbot, tmp_p
 
 
 @dataclass
+class LoadSpikingEngine(FakeEngine):
+    """Each load holds memory until its pair's second reply, as the old pair's pages do until the
+    new pair runs: 20 MB at the first load, 120 MB at the later ones."""
+
+    loads_made: int = 0
+
+    def load_pair(self, config, progress):
+        super().load_pair(config, progress)
+        self.loads_made += 1
+        return SpikingPair(self, config, b"\x01" * ((20 if self.loads_made == 1 else 120) * 2**20))
+
+
+class SpikingPair(FakePair):
+    def __init__(self, engine, config, ballast: bytes):
+        super().__init__(engine, config)
+        self.ballast: bytes | None = ballast
+        self.replies = 0
+
+    def generate(self, messages, settings, system_prompt=None):
+        self.replies += 1
+        if self.replies == 2:  # what the load held is let go
+            self.ballast = None
+        return super().generate(messages, settings, system_prompt)
+
+
+def test_memory_held_only_right_after_a_pair_loads_passes_the_memory_check(qtbot, tmp_path):
+    report = soaked(LoadSpikingEngine(), tmp_path)
+
+    assert results(report) == ALL_PASS
+    memory = report.memory()
+    assert memory["most_after_a_load_mb"] - memory["most_after_warmup_mb"] > 120 * 0.9  # seen, and reported
+
+
+@dataclass
 class ThreadLeakingEngine(FakeEngine):
     """Starts a thread with every load that outlives the pair."""
 
