@@ -173,7 +173,7 @@ class SoakReport:
         both pairs' pages still resident, ~300 MB above the rest for the demo pair, and as much
         again or not by the allocator's timing. Peaks of those had failed a soak with no leak
         (+8.7%: 1,430 MB in the warm-up, 1,555 MB later, while the replies between loads grew
-        from 1,151 to 1,187 MB). A leak, a pair never freed included, raises the replies between
+        from 1,141 to 1,189 MB). A leak, a pair never freed included, raises the replies between
         loads too."""
         between = [reply.rss_mb for reply in self.replies[: self.plan.warmup] if not self._after_load(reply)]
         later = [reply.rss_mb for reply in self.replies[self.plan.warmup :] if not self._after_load(reply)]
