@@ -78,7 +78,7 @@ def main(counts: list[int]) -> None:
         taken = time.perf_counter() - started
         floor = product_floor + attention_floor
         print(f"{count:5d} tokens: floor {floor:6.2f} s (int8 products {product_floor:.2f} s, attention "
-              f"{attention_floor:.2f} s); read {taken:6.2f} s, {floor / taken:.0%} of it at the floor", flush=True)
+              f"{attention_floor:.2f} s); read {taken:6.2f} s, the floor {floor / taken:.0%} of it", flush=True)
     pair.close()
 
 
