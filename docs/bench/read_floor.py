@@ -14,7 +14,6 @@ is what the floor leaves out. Needs a CPU with AVX-512 VNNI and BF16 and a C com
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shutil
@@ -24,10 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.pairs import find_pair
 from engine.runtime import int8_kernel
 from engine.runtime.cpu import forward_threads
-from engine.session import load_pair
+# The same prompts, read the same way, as the other prompt benchmark (run from this folder).
+from prefill_native import load_target, prompt_of
 
 PROBE = Path(__file__).with_name("multiply_peak.c")
 FLAGS = ["-O2", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vnni", "-mavx512bf16"]
@@ -61,7 +60,7 @@ def multiply_adds(config, tokens: int) -> tuple[float, float]:
 def main(counts: list[int]) -> None:
     if not {"avx512_vnni", "avx512_bf16"} <= set(Path("/proc/cpuinfo").read_text().split()):
         sys.exit("the probe needs AVX-512 VNNI and BF16 (the AVX-512 BF16 build's CPUs)")
-    pair = load_pair(dataclasses.replace(find_pair("demo"), draft=None, runtime="torch"), lambda message, fraction: None)
+    pair = load_target(None)
     target, threads = pair.target_runner, forward_threads()
     if not int8_kernel.attention_in_bf16():
         sys.exit(f"this CPU runs the {int8_kernel.variant_name()} build; the floor here counts bf16 attention")
@@ -71,10 +70,9 @@ def main(counts: list[int]) -> None:
         products, attention = multiply_adds(target.forward_pass.model.config, count)
         product_floor = products / 64 / rates["vpdpbusd"]
         attention_floor = attention / 32 / rates["vdpbf16ps"]
-        prompt = [1000 + (i * 7) % 5000 for i in range(count)]
         target.reset()
         started = time.perf_counter()
-        target.forward(prompt, logits_wanted=1)
+        target.forward(prompt_of(count), logits_wanted=1)
         taken = time.perf_counter() - started
         floor = product_floor + attention_floor
         print(f"{count:5d} tokens: floor {floor:6.2f} s (int8 products {product_floor:.2f} s, attention "
