@@ -40,6 +40,7 @@ from .runtime.device import OUT_OF_MEMORY_ERRORS, memory_in_use_mb, release_cach
 from .runtime.cpu import cpu_name, physical_cores
 from .runtime.eagle3 import Eagle3Runtime
 from .runtime.eagle3_head import Eagle3Head
+from .runtime.windowed import DRAFT_WINDOW_TOKENS, WindowedRuntime
 from .round import play_round, time_verify
 from .sampling import Sampler
 from .stats import GenerationStats
@@ -65,7 +66,10 @@ VERIFIER_CHOICES = (
 class LoadedPair:
     """A target, its drafter, and their caches. Generations run one at a time."""
 
-    def __init__(self, config: PairConfig, target: LoadedModel, draft: LoadedModel | None, eagle: Eagle3Head | None = None):
+    def __init__(
+        self, config: PairConfig, target: LoadedModel, draft: LoadedModel | None, eagle: Eagle3Head | None = None,
+        draft_window: int = DRAFT_WINDOW_TOKENS,
+    ):
         self.config = config
         self.target = target
         self.draft = draft
@@ -84,6 +88,7 @@ class LoadedPair:
             except ModelLoadError as error:
                 self.heads_problem = str(error)
         self.draft_runner: ModelRuntime | None = None
+        self.draft_window = draft_window  # the tokens the draft reads of a long prompt (runtime/windowed.py)
         self._open_draft()
         # Automatic tree shapes keep what they learnt (costs, acceptance per depth) across replies.
         self.auto_tree_shapes = {
@@ -101,11 +106,14 @@ class LoadedPair:
             self.draft_runner.close()
         if self.draft is None:
             return
-        self.draft_runner = draft_runner = self.draft.open_runtime(hidden_states=self.heads is not None)
+        self.draft_runner = draft_runner = self._windowed(self.draft.open_runtime(hidden_states=self.heads is not None))
         if self.heads is not None and not self._heads_fit(draft_runner):
             self.heads, self.heads_problem = None, "The calibrated heads were trained on a draft of another width; run tandem calibrate again."
             draft_runner.close()
-            self.draft_runner = self.draft.open_runtime()
+            self.draft_runner = self._windowed(self.draft.open_runtime())
+
+    def _windowed(self, draft_runner: ModelRuntime) -> ModelRuntime:
+        return WindowedRuntime(draft_runner, self.draft_window)
 
     def _heads_fit(self, draft_runner: ModelRuntime) -> bool:
         """Whether the heads read hidden states as wide as this draft's (one token's forward)."""

@@ -159,6 +159,11 @@ class ModelRuntime(ABC):
         have read it first); drafters make a plain round when it cannot."""
         return True
 
+    def first_attended_slot(self) -> int:
+        """The first cached slot the model attends to: 0, but for a draft that reads only the
+        end of a long prompt (windowed.py)."""
+        return 0
+
     def reusable_slots(self) -> int:
         """How many leading cached slots may serve as context for what comes next."""
         return self.chain_length

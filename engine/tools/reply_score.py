@@ -110,11 +110,12 @@ class ReplyChecker:
 
 def cache_gap(decoding: ModelRuntime, fresh: ModelRuntime) -> float | None:
     """The largest |log p| gap between `decoding`'s next-token distribution after one more
-    token on its cached state and `fresh`'s after a forward over the same tokens; None when
+    token on its cached state and `fresh`'s after a forward over the tokens it attends to; None when
     `decoding` holds nothing. `decoding` is cropped back to what it held."""
     cached = list(decoding.cached_ids)
     if not cached:
         return None
+    attended = cached[decoding.first_attended_slot():]  # a windowed draft's fresh read is of its window
     if decoding.chain_length != len(decoding):
         raise ValueError("a cache between replies holds a chain, not a token tree")
     probe = cached[-1]  # any token the model has read works: the test is of the state before it
@@ -124,7 +125,7 @@ def cache_gap(decoding: ModelRuntime, fresh: ModelRuntime) -> float | None:
         decoding.crop(len(cached))
     fresh.reset()
     try:
-        from_scratch = fresh.forward(cached + [probe])[-1]
+        from_scratch = fresh.forward(attended + [probe])[-1]
     finally:
         fresh.reset()
     return distribution_gap(from_cache, from_scratch)
