@@ -16,7 +16,7 @@ from .chat_view import ChatPane
 from .error_text import error_text
 from .figures import reading, reply_figures, sprinter_quality
 from .provenance import Runs, extend_runs, fit_runs, split_delta
-from .reading_time import LONG_READ_S, ReadingClock, ReadingSpeed, ReadingSpeeds, chars_per_token, long_read_warning
+from .reading_time import LONG_READ_S, ReadingClock, ReadingCost, ReadingCosts, chars_per_token, long_read_warning
 from .storage import COMPLETE, EXACT, FAILED, STOPPED, STREAMING, ChatStore, StoredMessage
 from .worker import EngineClient
 
@@ -78,7 +78,7 @@ class ChatController(QObject):
         self.conversation_id: int | None = None
         self.stream: Stream | None = None
         self.editing: StoredMessage | None = None
-        self.reading_speeds = ReadingSpeeds(store)
+        self.reading_costs = ReadingCosts(store)
         self._long_message_announced: str | None = None  # sent again unchanged, it goes
         # The conversation the engine read last: its caches hold that one's prompt, so a
         # message there is read alone, and one in another conversation with its history.
@@ -172,16 +172,18 @@ class ChatController(QObject):
 
     def reading_estimate(self, text: str) -> float | None:
         """About how many seconds the models will read before replying to `text`, from the
-        pair's measured prompt speed; None before one was measured."""
+        pair's measured reading cost; None before one was measured."""
         pair = self.client.pair
-        speed = self.reading_speeds.get(pair.config.name) if pair is not None else None
-        if speed is None:
+        cost = self.reading_costs.get(pair.config.name) if pair is not None else None
+        if cost is None:
             return None
-        characters = len(text)
-        if self.conversation_id is not None and self.conversation_id != self._last_read_conversation:
+        earlier = 0
+        if self.conversation_id is not None:
             conversation = self.store.conversation(self.conversation_id)
-            characters += len(conversation.system_prompt) + sum(len(m.content) for m in self.store.messages(conversation.id))
-        return speed.seconds_for(characters)
+            earlier = len(conversation.system_prompt) + sum(len(m.content) for m in self.store.messages(conversation.id))
+        if self.conversation_id != self._last_read_conversation:
+            return cost.seconds_for(earlier + len(text))  # its models hold another chat: all of it is read
+        return cost.seconds_for(len(text), characters_before=earlier)
 
     @Slot()
     def regenerate(self) -> None:
@@ -289,24 +291,24 @@ class ChatController(QObject):
         if stream is None:
             return
         if stream.reading_clock is None:
-            known = self.reading_speeds.get(stream.pair_name)
-            stream.reading_clock = ReadingClock(known.tokens_per_s if known else None)
+            stream.reading_clock = ReadingClock(self.reading_costs.get(stream.pair_name))
         clock = stream.reading_clock
         clock.add(event, read_at)
         seconds_left = clock.seconds_left()
         if clock.finished:
-            self._remember_reading_speed(stream, clock)
+            self._remember_reading_cost(stream, clock)
         self.reading_progress.emit(event.fraction, seconds_left)
         widget = self.pane.view.widget_for(stream.message_id)
         if widget is not None:
             stream.reading = True
             widget.set_status(STREAMING, stream.note, activity=reading(event.fraction, seconds_left))
 
-    def _remember_reading_speed(self, stream: Stream, clock: ReadingClock) -> None:
-        known = self.reading_speeds.get(stream.pair_name)
+    def _remember_reading_cost(self, stream: Stream, clock: ReadingClock) -> None:
+        known = self.reading_costs.get(stream.pair_name)
         ratio = stream.chars_per_token or (known.chars_per_token if known else None)
-        if clock.tokens_per_s and ratio:
-            self.reading_speeds.remember(stream.pair_name, ReadingSpeed(clock.tokens_per_s, ratio))
+        measured = clock.cost()
+        if measured is not None and ratio:
+            self.reading_costs.remember(stream.pair_name, ReadingCost(*measured, ratio))
 
     @Slot(int, object)
     def _on_text_delta(self, request_id: int, delta: TextDelta) -> None:

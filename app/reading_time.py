@@ -1,12 +1,15 @@
-"""How long the models take to read a message on this machine, from how fast they read the
-last long one: the estimate shown before a long message is sent, and the time left while
-one is read.
+"""How long the models take to read a message on this machine, from how they read the last
+long one: the estimate shown before a long message is sent, and the time left while one is
+read.
 
 The engine reports a long prompt's reading as PromptProgress events (engine/session.py
-`_read_prompt`). Timed on the engine thread, they give the pair's prompt speed in tokens/s; the
-prompt's characters against its token count (PromptPrepared) give characters per token, so
-that a message's reading time can be told from its length alone, without asking the
-tokenizer on the busy engine thread."""
+`_read_prompt`), a chunk at a time. A token's reading costs a fixed part (its products with
+the weights) and a part that grows with the tokens before it (its attention over them): the
+demo target read 2,000 tokens at ~900 tokens/s and 7,000 at ~500 (docs/BENCHMARKS.md), so a
+speed in tokens/s measured on one length mistold another by up to 2x. The chunks' times,
+timed on the engine thread, give both parts by least squares. The prompt's characters against
+its token count (PromptPrepared) give characters per token, so that a message's reading time
+can be told from its length alone, without asking the tokenizer on the busy engine thread."""
 from __future__ import annotations
 
 import json
@@ -22,77 +25,116 @@ LONG_READ_S = 10.0
 # Fewer prompt tokens than this say little about characters per token: the chat template's
 # own tokens would count for too much of them.
 MIN_TOKENS_FOR_RATIO = 64
-STATE_KEY = "prompt_speed:"  # + the pair's name: its last measured speed in the chats file
+# Chunks a reading needs before its cost's two parts are told apart; fewer: one rate.
+MIN_CHUNKS_FOR_SLOPE = 3
+STATE_KEY = "reading_cost:"  # + the pair's name: its last measured reading cost in the chats file
 
 
 @dataclass(frozen=True)
-class ReadingSpeed:
-    """One pair's measured prompt reading on this machine."""
+class ReadingCost:
+    """How one pair reads prompts on this machine: reading n tokens after `before` cached ones
+    takes n * (seconds_per_token + seconds_per_token_seen * (before + n / 2))."""
 
-    tokens_per_s: float
+    seconds_per_token: float
+    seconds_per_token_seen: float  # for each token read, per token it attends to
     chars_per_token: float
 
-    def seconds_for(self, characters: int) -> float:
-        return characters / self.chars_per_token / self.tokens_per_s
+    def seconds_to_read(self, tokens: float, before: float = 0.0) -> float:
+        return tokens * (self.seconds_per_token + self.seconds_per_token_seen * (before + tokens / 2))
+
+    def seconds_for(self, characters: int, characters_before: int = 0) -> float:
+        return self.seconds_to_read(characters / self.chars_per_token, characters_before / self.chars_per_token)
+
+
+def fitted_cost(chunks: list[tuple[float, float, float]]) -> tuple[float, float] | None:
+    """(seconds a token, seconds a token per token it attends to) from chunks read, each
+    (tokens, seconds, mean tokens attended to): the least-squares fit of seconds = tokens *
+    (a + b * attended) with b >= 0, or None when the chunks do not determine it."""
+    chunks = [chunk for chunk in chunks if chunk[0] > 0 and chunk[1] > 0]
+    if not chunks:
+        return None
+    rate = sum(seconds for _, seconds, _ in chunks) / sum(tokens for tokens, _, _ in chunks)
+    if len(chunks) < MIN_CHUNKS_FOR_SLOPE:
+        return rate, 0.0
+    # normal equations over the columns x1 = tokens and x2 = tokens * attended
+    s11 = sum(t * t for t, _, _ in chunks)
+    s12 = sum(t * t * p for t, _, p in chunks)
+    s22 = sum((t * p) ** 2 for t, _, p in chunks)
+    y1 = sum(t * s for t, s, _ in chunks)
+    y2 = sum(t * p * s for t, s, p in chunks)
+    determinant = s11 * s22 - s12 * s12
+    if determinant <= 1e-12 * s11 * s22:  # every chunk at one position: no slope to see
+        return rate, 0.0
+    a, b = (y1 * s22 - y2 * s12) / determinant, (s11 * y2 - s12 * y1) / determinant
+    if b < 0 or a <= 0:  # noise, or a reading that got faster: one rate says it better
+        return rate, 0.0
+    return a, b
 
 
 class ReadingClock:
     """One prompt's reading, timed from its PromptProgress events and when the engine thread
-    sent each (time.monotonic()). Before two events have come, the time left is told from the
-    pair's speed measured earlier, if any."""
+    sent each (time.monotonic()). Until its chunks tell the cost apart, the time left is told
+    from the pair's cost measured earlier, if any."""
 
-    def __init__(self, known_tokens_per_s: float | None = None):
-        self._known_tokens_per_s = known_tokens_per_s
-        self._first: tuple[float, int] | None = None  # (when, tokens done) at the first event
-        self._latest: tuple[float, int] | None = None
+    def __init__(self, known: ReadingCost | None = None):
+        self._known = known
+        self._events: list[tuple[float, int]] = []  # (when, tokens done)
         self.tokens_total = 0
+        self.tokens_before = 0
 
     def add(self, event: PromptProgress, read_at: float) -> None:
-        now = (read_at, event.tokens_done)
-        if self._first is None:
-            self._first = now
-        self._latest = now
-        self.tokens_total = event.tokens_total
+        self._events.append((read_at, event.tokens_done))
+        self.tokens_total, self.tokens_before = event.tokens_total, event.tokens_before
 
     @property
     def finished(self) -> bool:
-        return self._latest is not None and self._latest[1] >= self.tokens_total
+        return bool(self._events) and self._events[-1][1] >= self.tokens_total
 
-    @property
-    def tokens_per_s(self) -> float | None:
-        """The speed measured over this reading so far; None before it has advanced."""
-        if self._first is None or self._latest is None:
-            return None
-        seconds, tokens = self._latest[0] - self._first[0], self._latest[1] - self._first[1]
-        return tokens / seconds if seconds > 0 and tokens > 0 else None
+    def cost(self) -> tuple[float, float] | None:
+        """(seconds a token, per token attended to) measured over this reading so far; None
+        before it has advanced."""
+        chunks = [
+            (done - done_before, when - when_before, self.tokens_before + (done_before + done) / 2)
+            for (when_before, done_before), (when, done) in zip(self._events, self._events[1:])
+        ]
+        return fitted_cost(chunks)
 
     def seconds_left(self) -> float | None:
-        speed = self.tokens_per_s or self._known_tokens_per_s
-        if self._latest is None or not speed:
+        if not self._events:
             return None
-        return (self.tokens_total - self._latest[1]) / speed
+        # Until this reading has chunks enough to see its slope, the cost measured before
+        # knows it better than this reading's first rate.
+        enough = len(self._events) - 1 >= MIN_CHUNKS_FOR_SLOPE
+        known = (self._known.seconds_per_token, self._known.seconds_per_token_seen) if self._known else None
+        cost = self.cost() if enough or known is None else known
+        if cost is None:
+            return None
+        per_token, per_seen = cost
+        done = self._events[-1][1]
+        left = self.tokens_total - done
+        return left * (per_token + per_seen * (self.tokens_before + done + left / 2))
 
 
-class ReadingSpeeds:
-    """Each pair's last measured reading speed, kept in the chats file's state (one short row
+class ReadingCosts:
+    """Each pair's last measured reading cost, kept in the chats file's state (one short row
     per pair), so that the first long message after a restart is announced too."""
 
     def __init__(self, store: ChatStore):
         self._store = store
-        self._speeds: dict[str, ReadingSpeed] = {}
+        self._costs: dict[str, ReadingCost | None] = {}
 
-    def get(self, pair_name: str) -> ReadingSpeed | None:
-        if pair_name not in self._speeds:
+    def get(self, pair_name: str) -> ReadingCost | None:
+        if pair_name not in self._costs:
             saved = self._store.state(STATE_KEY + pair_name)
             try:
-                self._speeds[pair_name] = ReadingSpeed(**json.loads(saved)) if saved else None
+                self._costs[pair_name] = ReadingCost(**json.loads(saved)) if saved else None
             except (TypeError, ValueError):  # a row from another version: measured again
-                self._speeds[pair_name] = None
-        return self._speeds[pair_name]
+                self._costs[pair_name] = None
+        return self._costs[pair_name]
 
-    def remember(self, pair_name: str, speed: ReadingSpeed) -> None:
-        self._speeds[pair_name] = speed
-        self._store.set_state(STATE_KEY + pair_name, json.dumps(asdict(speed)))
+    def remember(self, pair_name: str, cost: ReadingCost) -> None:
+        self._costs[pair_name] = cost
+        self._store.set_state(STATE_KEY + pair_name, json.dumps(asdict(cost)))
 
 
 def chars_per_token(characters: int, prompt_tokens: int) -> float | None:

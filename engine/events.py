@@ -33,6 +33,9 @@ class PromptProgress:
 
     tokens_done: int
     tokens_total: int
+    # Prompt tokens already cached before this reading (the conversation so far): each token
+    # read attends to them too, so they slow the reading down.
+    tokens_before: int = 0
 
     @property
     def fraction(self) -> float:

@@ -414,7 +414,7 @@ class Generation:
         if end - starts[0] < PROMPT_PROGRESS_MIN_TOKENS:
             return  # the first round reads it, as fast as one forward can
         first = min(starts)
-        yield PromptProgress(0, end - first)
+        yield PromptProgress(0, end - first, first)
         for chunk_start in range(first, end, PROMPT_CHUNK_TOKENS):
             if self._stop_requested.is_set():
                 return
@@ -422,7 +422,7 @@ class Generation:
             for runtime, start in zip(runtimes, starts):
                 if start < chunk_end:
                     runtime.forward(context[max(start, chunk_start):chunk_end])
-            yield PromptProgress(chunk_end - first, end - first)
+            yield PromptProgress(chunk_end - first, end - first, first)
 
     def _trim(self, outcome: RoundOutcome, budget: int) -> tuple[list[int], list[Provenance], bool]:
         """Cut a round's tokens at the first stop token (which is not shown) and at the budget."""

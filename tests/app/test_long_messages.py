@@ -9,7 +9,7 @@ import time
 from PySide6.QtCore import Qt
 
 from app.figures import duration, reading
-from app.reading_time import ReadingClock, ReadingSpeed, long_read_warning
+from app.reading_time import ReadingClock, ReadingCost, fitted_cost, long_read_warning
 from app.storage import COMPLETE, STOPPED
 from engine.events import PromptProgress
 from tests.app.fake_engine import FakeEngine
@@ -35,10 +35,11 @@ def test_a_long_message_is_announced_once_the_pair_s_reading_speed_is_known(read
     # 1. Nothing measured yet: a long message goes at once, and its reading is measured.
     send_and_wait(qtbot, window, long_text(2000))
     assert not pane.long_read_notice.isVisible()
-    speed = window.controller.reading_speeds.get("demo")
-    assert speed is not None
-    assert 0.5 * CHUNK_TOKENS / CHUNK_S < speed.tokens_per_s <= 1.05 * CHUNK_TOKENS / CHUNK_S  # a sleep only oversleeps
-    assert abs(speed.chars_per_token - 5) < 0.01
+    cost = window.controller.reading_costs.get("demo")
+    assert cost is not None
+    read_s = 4 * CHUNK_S
+    assert 0.95 * read_s <= cost.seconds_to_read(4 * CHUNK_TOKENS) < 2 * read_s  # a sleep only oversleeps
+    assert abs(cost.chars_per_token - 5) < 0.01
 
     # 2. A short message: no estimate, sent at once.
     send_and_wait(qtbot, window, "Thanks!")
@@ -52,7 +53,10 @@ def test_a_long_message_is_announced_once_the_pair_s_reading_speed_is_known(read
     assert len(engine.requests) == 2 and not window.client.generating
     assert pane.input.toPlainText() == text  # still there, to send or to edit
     estimate = window.controller.reading_estimate(text)
-    assert abs(estimate - 4000 / speed.tokens_per_s) < 0.5
+    cost = window.controller.reading_costs.get("demo")  # measured again: the fake reads every message
+    earlier = sum(len(m.content) for m in window.store.messages(window.controller.conversation_id))
+    assert estimate == cost.seconds_for(len(text), characters_before=earlier)  # after the chat its models hold
+    assert estimate >= 0.95 * 4000 * CHUNK_S / CHUNK_TOKENS
     assert pane.long_read_notice.isVisible()
     assert pane.long_read_notice.text() == long_read_warning(estimate)
     assert re.search(r"about \d+ s on this machine", pane.long_read_notice.text())
@@ -72,11 +76,11 @@ def test_a_long_message_is_announced_once_the_pair_s_reading_speed_is_known(read
 def test_the_speed_is_remembered_per_pair_across_a_restart(ready_window, qtbot):
     window = ready_window(reading_engine())
     send_and_wait(qtbot, window, long_text(2000))
-    measured = window.controller.reading_speeds.get("demo")
+    measured = window.controller.reading_costs.get("demo")
     window.close()
     again = ready_window(reading_engine())
-    assert again.controller.reading_speeds.get("demo") == measured
-    assert again.controller.reading_speeds.get("another pair") is None
+    assert again.controller.reading_costs.get("demo") == measured
+    assert again.controller.reading_costs.get("another pair") is None
 
 
 def test_reading_shows_how_long_is_left(ready_window, qtbot):
@@ -120,7 +124,7 @@ def test_stop_while_a_message_is_read_ends_the_reply_as_stopped_and_keeps_the_ch
     assert messages[0].content == "First question" and messages[2].content == long_text(300)
     assert messages[3].role == "assistant" and messages[3].status == STOPPED and messages[3].content == ""
     assert "stopped" in last_reply(window).status.text() and "Reading" not in last_reply(window).status.text()
-    assert window.controller.reading_speeds.get("demo") is None  # a reading cut short measures nothing
+    assert window.controller.reading_costs.get("demo") is None  # a reading cut short measures nothing
 
     engine.reading_chunks = 0
     send_and_wait(qtbot, window, "Shorter, then")
@@ -129,15 +133,56 @@ def test_stop_while_a_message_is_read_ends_the_reply_as_stopped_and_keeps_the_ch
 
 
 def test_reading_clock_measures_the_speed_and_the_time_left():
-    clock = ReadingClock(known_tokens_per_s=100.0)
+    known = ReadingCost(seconds_per_token=0.01, seconds_per_token_seen=0.0, chars_per_token=4.0)
+    clock = ReadingClock(known)
     clock.add(PromptProgress(0, 1000), 50.0)
-    assert clock.tokens_per_s is None and clock.seconds_left() == 10.0  # from the speed known before
-    clock.add(PromptProgress(500, 1000), 52.0)
-    assert clock.tokens_per_s == 250.0 and clock.seconds_left() == 2.0 and not clock.finished
-    clock.add(PromptProgress(1000, 1000), 54.0)
+    assert clock.cost() is None and clock.seconds_left() == 10.0  # from the cost known before
+    for done, when in ((250, 50.5), (500, 51.0), (750, 51.5)):
+        clock.add(PromptProgress(done, 1000), when)
+    assert clock.cost() == (0.002, 0.0) and clock.seconds_left() == 0.5 and not clock.finished
+    clock.add(PromptProgress(1000, 1000), 52.0)
     assert clock.finished and clock.seconds_left() == 0.0
     assert ReadingClock().seconds_left() is None
-    assert ReadingSpeed(tokens_per_s=300.0, chars_per_token=4.0).seconds_for(48_000) == 40.0
+    assert ReadingCost(seconds_per_token=1 / 300, seconds_per_token_seen=0.0, chars_per_token=4.0).seconds_for(48_000) == 40.0
+
+
+def test_a_reading_whose_tokens_slow_with_the_text_before_them_is_told_apart_from_a_steady_one():
+    """Attention makes each token's read cost grow with the tokens before it: the demo target
+    read 2,000 tokens at ~900 tokens/s and 7,000 at ~500. A cost fitted on one length must
+    tell another, and the time left must count the slower chunks still to come."""
+    per_token, per_seen = 0.001, 3e-7  # seconds; the second per token attended to (the demo target's ratio)
+
+    def read(first: int, count: int, chunk: int = 256, before: int = 0) -> ReadingClock:
+        clock, when = ReadingClock(), 0.0
+        clock.add(PromptProgress(0, count, before), when)
+        for start in range(first, count, chunk):
+            tokens = min(chunk, count - start)
+            when += tokens * (per_token + per_seen * (before + start + tokens / 2))
+            clock.add(PromptProgress(start + tokens, count, before), when)
+        return clock
+
+    measured = read(0, 2000).cost()
+    assert measured is not None
+    assert abs(measured[0] - per_token) < 1e-9 and abs(measured[1] - per_seen) < 1e-12
+    cost = ReadingCost(*measured, chars_per_token=4.0)
+    truth = 7000 * (per_token + per_seen * 3500)
+    assert abs(cost.seconds_to_read(7000) - truth) < 1e-6
+    assert cost.seconds_to_read(7000) > 1.3 * 7000 * cost.seconds_to_read(2000) / 2000, "a linear speed would say less"
+    assert abs(cost.seconds_to_read(1000, before=6000) - (truth - cost.seconds_to_read(6000))) < 1e-6
+
+    halfway = ReadingClock()
+    full = read(0, 7000)
+    for event in full._events[: len(full._events) // 2]:  # the first half of a 7,000-token reading
+        halfway.add(PromptProgress(event[1], 7000), event[0])
+    elapsed = halfway._events[-1][0]
+    assert abs(halfway.seconds_left() - (full._events[-1][0] - elapsed)) < 1e-6
+
+
+def test_a_noisy_or_too_short_reading_falls_back_to_one_rate():
+    assert fitted_cost([]) is None
+    assert fitted_cost([(100, 0.5, 50), (100, 0.5, 150)]) == (0.005, 0.0)  # two chunks: one rate
+    slower_first = [(100, 0.6, 50), (100, 0.5, 150), (100, 0.4, 250)]  # a reading that got faster
+    assert fitted_cost(slower_first) == (0.005, 0.0)
 
 
 def test_waits_are_said_as_a_person_would():
