@@ -24,6 +24,7 @@ import torch
 
 from ..errors import ModelLoadError
 from .base import ModelRuntime
+from .wrapped import WrappedRuntime
 
 VOCABULARY_FILE = "draft-vocabulary.json"
 
@@ -112,18 +113,13 @@ def full_vocabulary_view(model: torch.nn.Module, vocabulary: ReducedVocabulary) 
     return view
 
 
-class ReducedVocabularyRuntime(ModelRuntime):
+class ReducedVocabularyRuntime(WrappedRuntime):
     """`inner` runs the model in its own ids; this runtime speaks the full vocabulary. The two
     caches hold the same slots in the same order, so every slot operation passes straight on."""
 
     def __init__(self, inner: ModelRuntime, vocabulary: ReducedVocabulary):
-        super().__init__(vocabulary.full_size)
-        self.inner = inner
+        super().__init__(inner, vocabulary.full_size)
         self.vocabulary = vocabulary
-        self.name = inner.name
-        self.supports_trees = inner.supports_trees
-        self.returns_hidden = inner.returns_hidden
-        self.warm_up_message = inner.warm_up_message
 
     def _run_chain(self, new_ids: list[int], logits_wanted: int) -> torch.Tensor:
         return self.vocabulary.full_logits(self.inner.forward(self.vocabulary.to_model_ids(new_ids), logits_wanted))
@@ -134,25 +130,3 @@ class ReducedVocabularyRuntime(ModelRuntime):
 
     def _keep(self, prefix: int, extra_slots: list[int]) -> None:
         self.inner.keep_slots(prefix, extra_slots)
-
-    def _clear(self) -> None:
-        self.inner.reset()
-
-    def last_hidden_states(self) -> torch.Tensor:
-        return self.inner.last_hidden_states()
-
-    def warm_up(self) -> None:
-        self.inner.warm_up()
-
-    def start_background_work(self) -> None:
-        self.inner.start_background_work()
-
-    def when_background_work_changes(self, listener) -> None:
-        self.inner.when_background_work_changes(listener)
-
-    @property
-    def background_note(self) -> str | None:
-        return self.inner.background_note
-
-    def close(self) -> None:
-        self.inner.close()

@@ -19,11 +19,10 @@ a time keeps its cache, as before.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from .base import ModelRuntime
+from .wrapped import WrappedRuntime
 
 # The tokens a draft reads of a long prompt. With 2,048, the demo draft read a 7,000-token
 # message in 0.35 s (2.19 s whole) and kept as many tokens per target call as with all of it;
@@ -31,21 +30,16 @@ from .base import ModelRuntime
 DRAFT_WINDOW_TOKENS = 2048
 
 
-class WindowedRuntime(ModelRuntime):
+class WindowedRuntime(WrappedRuntime):
     """`inner` holds slots `offset`.. of this runtime's cache, as its own slots 0..; the
     slots before `offset` are context the draft does not attend to."""
 
     def __init__(self, inner: ModelRuntime, window: int):
         if window < 1:
             raise ValueError("a draft's window must hold at least one token")
-        super().__init__(inner.vocab_size)
-        self.inner = inner
+        super().__init__(inner, inner.vocab_size)
         self.window = window
         self.offset = 0
-        self.name = inner.name
-        self.supports_trees = inner.supports_trees
-        self.returns_hidden = inner.returns_hidden
-        self.warm_up_message = inner.warm_up_message
 
     def pending(self, context: list[int]) -> list[int]:
         rest = super().pending(context)
@@ -87,22 +81,3 @@ class WindowedRuntime(ModelRuntime):
     def _clear(self) -> None:
         self.inner.reset()
         self.offset = 0
-
-    def last_hidden_states(self) -> torch.Tensor:
-        return self.inner.last_hidden_states()
-
-    def warm_up(self) -> None:
-        self.inner.warm_up()
-
-    def start_background_work(self) -> None:
-        self.inner.start_background_work()
-
-    def when_background_work_changes(self, listener: Callable[[], None]) -> None:
-        self.inner.when_background_work_changes(listener)
-
-    @property
-    def background_note(self) -> str | None:
-        return self.inner.background_note
-
-    def close(self) -> None:
-        self.inner.close()
