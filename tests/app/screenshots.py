@@ -16,7 +16,8 @@ compiled, and the pair picker's compile setting), `found-models` (issue 48, over
 engine: the pair picker listing models found in fake LM Studio, Ollama, Hugging Face, GPT4All
 and Jan folders, a found target's drafts, EAGLE-3 head and methods, and its GGUF run as stored), `long-message` (issue
 45, over the fake engine: a long message's reading time said before it is sent, and the time
-left while it is read), `local-server` (issue 48, over the fake engine and a stand-in server:
+left while it is read), `long-message-real` (issue 45, the real engine: the same for a
+~7,000-token message after a ~2,000-token one measured the reading cost), `local-server` (issue 48, over the fake engine and a stand-in server:
 Settings → Local server switched on, and the status bar serving, then stopped on a taken port).
 
 Runs in a private TANDEM_HOME (converted weights are shared with the user cache) on the
@@ -27,6 +28,7 @@ built here, which does not, so both kinds of draft entry show.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -554,6 +556,47 @@ def long_message(app: QApplication, home: Path) -> None:
         window.close()
 
 
+def reading_percent(window) -> int:
+    """How far the speed panel says a message's reading got (0 before it says)."""
+    found = re.search(r"(\d+)%", window.speed_panel.caption.text())
+    return int(found.group(1)) if found else 0
+
+
+def long_message_real(app: QApplication, home: Path) -> None:
+    """Issue 45 with the real engine and the app's defaults: a message of ~2,000 tokens read
+    first (it measures the pair's reading cost), then one of ~7,000 tokens in a new chat,
+    announced with its reading time before it is sent and then read with the time left.
+    Prints the estimate beside the seconds the first text took to come."""
+    from engine.config import DecodeSettings
+
+    # this project's benchmarks page as prose, ~2.1 characters a token at its start
+    page = (Path(__file__).resolve().parents[2] / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8")
+    benchmarks = " ".join(re.sub(r"[|#*`]", " ", page).split())
+    window = open_window(app)
+    try:
+        wait_until(app, lambda: window.client.pair is not None, 300)
+        window.set_decoding(DecodeSettings(method="auto", temperature=0.7, max_new_tokens=16))
+        window.pane.input.setPlainText("Summarize this text in two sentences: " + benchmarks[:4_300])
+        window.pane.send_button.click()
+        wait_until(app, lambda: not window.client.generating and len(window.pane.view.messages) == 2, 300)
+        window.controller.new_conversation()
+        window.pane.input.setPlainText("Summarize this text in two sentences: " + benchmarks[:14_800])
+        window.pane.send_button.click()
+        wait_until(app, window.pane.long_read_notice.isVisible, 10)
+        estimate = window.controller.reading_estimate(window.pane.input.toPlainText())
+        save(window, "long-message-estimate-real-engine.png")
+        first_text: list[float] = []
+        window.client.text_delta.connect(lambda *_: first_text.append(time.monotonic()) if not first_text else None)
+        sent = time.monotonic()
+        window.pane.send_button.click()
+        wait_until(app, lambda: "left" in window.speed_panel.caption.text() and reading_percent(window) >= 50, 120)
+        save(window, "long-message-reading-real-engine.png")
+        wait_until(app, lambda: not window.client.generating, 300)
+        print(f"estimated {estimate:.1f} s before sending; the first text came after {first_text[0] - sent:.1f} s")
+    finally:
+        window.close()
+
+
 def local_server_shots(app: QApplication, home: Path) -> None:
     """Issue 48, over the fake engine, with tests/app/fake_server.py standing in for `tandem serve`
     (it answers /health on 127.0.0.1 as the real one does, without a model)."""
@@ -593,7 +636,7 @@ def local_server_shots(app: QApplication, home: Path) -> None:
 
 SETS = {"tour": tour, "long-chat": long_chat, "recovery": recovery, "rough-edges": rough_edges, "sprinter": sprinter,
         "everyday": everyday, "compile": compile_in_background, "found-models": found_models,
-        "long-message": long_message, "local-server": local_server_shots}
+        "long-message": long_message, "long-message-real": long_message_real, "local-server": local_server_shots}
 
 
 if __name__ == "__main__":
