@@ -14,8 +14,8 @@ before `offset` are only bookkeeping; `inner` caches the tokens from `offset` on
 positions 0, 1, ... (rotary attention depends on the distance between tokens only, so the
 window's tokens attend to one another as they would at their real positions). The window is
 chosen when a read would be long: `pending` asked for more than `window` new tokens starts
-the inner cache afresh at the last `window` of them. A conversation that grows a message at
-a time keeps its cache, as before.
+the inner cache afresh at the last `window` of them (as does a crop that left the inner cache
+empty). A conversation that grows a message at a time keeps its cache, as before.
 """
 from __future__ import annotations
 
@@ -43,10 +43,12 @@ class WindowedRuntime(WrappedRuntime):
 
     def pending(self, context: list[int]) -> list[int]:
         rest = super().pending(context)
-        if len(rest) - 1 <= self.window:
+        emptied = self.offset > 0 and len(self.inner) == 0  # cropped to text it never attended to
+        if len(rest) - 1 <= self.window and not emptied:
             return rest
-        # A long read: the draft starts over at the window before the last token.
-        start = len(context) - 1 - self.window
+        # A long read, or nothing of the window left (an earlier message edited): the draft
+        # starts over at the window before the last token, from the start if the text is short.
+        start = max(0, len(context) - 1 - self.window)
         self.reset()
         self.cached_ids = list(context[:start])
         self._reset_chain_bookkeeping()

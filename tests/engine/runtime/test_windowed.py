@@ -67,15 +67,21 @@ def test_a_tree_over_the_window_and_its_kept_path_give_the_windows_chain_logits(
     torch.testing.assert_close(runtime.forward([40]), alone(model, path + [40]), atol=1e-4, rtol=1e-4)
 
 
-def test_cropping_into_the_text_before_the_window_starts_the_window_there():
+def test_cropping_into_the_text_before_the_window_reads_the_window_again():
     runtime, model = windowed()
     context = list(range(3, 23))
     runtime.forward(runtime.pending(context))
     runtime.crop(5)  # an early message edited: what stays is all before the window
     assert len(runtime) == 5 and len(runtime.inner) == 0 and runtime.first_attended_slot() == 5
-    edited = context[:5] + [40, 41, 42]
-    assert runtime.pending(edited) == [40, 41, 42]
-    torch.testing.assert_close(runtime.forward([40, 41, 42]), alone(model, [40, 41, 42]))
+    edited = context[:5] + [40, 41, 42]  # longer than the window: its end
+    assert runtime.pending(edited) == edited[-WINDOW - 1 :]
+    torch.testing.assert_close(runtime.forward(edited[-WINDOW - 1 :]), alone(model, edited[-WINDOW - 1 :]))
+
+    runtime.forward(runtime.pending(context)[:-1])  # the long text again
+    runtime.crop(3)
+    short = context[:3] + [40]  # within the window: the draft reads all of it, its start too
+    assert runtime.pending(short) == short and runtime.first_attended_slot() == 0
+    torch.testing.assert_close(runtime.forward(short), alone(model, short))
 
 
 def test_a_tree_cannot_branch_from_text_outside_the_window():
