@@ -30,6 +30,13 @@ MIN_CHUNKS_FOR_SLOPE = 3
 STATE_KEY = "reading_cost:"  # + the pair's name: its last measured reading cost in the chats file
 
 
+def seconds_to_read(tokens: float, before: float, per_token: float, per_token_seen: float) -> float:
+    """Reading `tokens` after `before` cached ones, at a cost of `per_token` a token plus
+    `per_token_seen` for each token it attends to (those before it and itself, on average
+    before + tokens / 2)."""
+    return tokens * (per_token + per_token_seen * (before + tokens / 2))
+
+
 @dataclass(frozen=True)
 class ReadingCost:
     """How one pair reads prompts on this machine: reading n tokens after `before` cached ones
@@ -40,7 +47,7 @@ class ReadingCost:
     chars_per_token: float
 
     def seconds_to_read(self, tokens: float, before: float = 0.0) -> float:
-        return tokens * (self.seconds_per_token + self.seconds_per_token_seen * (before + tokens / 2))
+        return seconds_to_read(tokens, before, self.seconds_per_token, self.seconds_per_token_seen)
 
     def seconds_for(self, characters: int, characters_before: int = 0) -> float:
         return self.seconds_to_read(characters / self.chars_per_token, characters_before / self.chars_per_token)
@@ -109,10 +116,8 @@ class ReadingClock:
         cost = self.cost() if enough or known is None else known
         if cost is None:
             return None
-        per_token, per_seen = cost
         done = self._events[-1][1]
-        left = self.tokens_total - done
-        return left * (per_token + per_seen * (self.tokens_before + done + left / 2))
+        return seconds_to_read(self.tokens_total - done, self.tokens_before + done, *cost)
 
 
 class ReadingCosts:
