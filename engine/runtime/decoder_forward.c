@@ -18,7 +18,8 @@
  *   token, so a token's logits are the same in a verify as in its step, to the bit.
  * The attention and e^x are written once, over simd.h's helpers: 16 lanes in the AVX-512
  * builds, 8 in the AVX2 ones, 1 in the portable build (plain C). The AVX-512 BF16 build keeps
- * its cache in bf16 and multiplies attention in bf16 (simd.h, BF16_ATTENTION).
+ * its cache in bf16, its keys in blocks of 16 rows (simd.h, KEY_BLOCK_ROWS; key_blocks.py), and
+ * multiplies attention in bf16 (simd.h, BF16_ATTENTION).
  * Keys and values are written at the given cache rows first, then every token attends to the
  * rows it sees (`visible`), so a tree verifies as a chain does.
  * The per-token steps between two products (the residual add and norm, SiLU) run on the next
@@ -256,41 +257,33 @@ static inline const attn_elem *query_of(const Attention *a, int64_t i, int64_t g
 typedef struct {
     float *scores; /* the task's scores, then its weights: per query, one per row */
     float *tops;   /* each query's running largest score per lane */
-    attn_elem *padded; /* a last block of fewer than LANES key rows, and zeros (score_block) */
-    attn_elem *keys;   /* the bf16 build's copy of the task's key rows (key_rows) */
+    attn_elem *padded; /* the row layout's last block of fewer than LANES key rows, and zeros (score_block) */
     uint16_t *pairs;    /* the bf16 build's value rows two by two (value_pairs) */
 } Scratch;
 
 #if BF16_ATTENTION
-/* The key width the bf16 scores read: the head width, rounded up to whole score_vecs with zeros
- * (a zero adds nothing to a dot product), so that any head width is scored by blocks. */
-static inline int64_t key_width_of(int64_t dim) { return (dim + SCORE_STEP - 1) / SCORE_STEP * SCORE_STEP; }
+/* The bf16 scores read the queries' element pairs as they are (v_dot_key_block): no padding. */
+static inline int64_t key_width_of(int64_t dim) { return dim; }
 
-/* Token i's queries, rounded to bf16, into `out` (heads x key_width): rounded once a layer, not
+/* Token i's queries, rounded to bf16, into `out` (heads x head_dim): rounded once a layer, not
  * once for every block of keys that reads them. */
 static void copy_queries(const TandemDecoder *d, const float *qkv, attn_elem *out) {
-    int64_t dim = d->head_dim, width = key_width_of(dim);
-    for (int64_t h = 0; h < d->heads; h++) {
-        memset(out + h * width, 0, sizeof(attn_elem) * width);
-        v_round_to_bf16(qkv + h * dim, dim, out + h * width);
-    }
+    for (int64_t h = 0; h < d->heads; h++) v_round_to_bf16(qkv + h * d->head_dim, d->head_dim, out + h * d->head_dim);
 }
 
-/* Key rows begin..end-1 of the cache as the scores read them, key_width apart: the cache's own
- * rows where the head width is whole score_vecs, else copied into `copy` with zeros after. */
-static const attn_elem *key_rows(const Attention *a, const attn_elem *keys, int64_t begin, int64_t end, attn_elem *copy) {
-    int64_t dim = a->d->head_dim, width = a->key_width;
-    if (width == dim) return keys + (a->first_row + begin) * dim;
-    for (int64_t s = begin; s < end; s++) {
-        attn_elem *row = copy + (s - begin) * width;
-        memcpy(row, keys + (a->first_row + s) * dim, sizeof(attn_elem) * dim);
-        memset(row + dim, 0, sizeof(attn_elem) * (width - dim));
-    }
-    return copy;
-}
-
-/* x (dim floats) into a cache row, rounded to bf16. */
+/* x (dim floats) rounded to bf16 into a value row. */
 static inline void store_row(attn_elem *row, const float *x, int64_t dim) { v_round_to_bf16(x, dim, row); }
+
+/* x (dim floats) rounded to bf16 as key row `row` of a head's cache (head_keys), in the blocks
+ * the scores read (simd.h, KEY_BLOCK_ROWS): its element pair p at lane row % 16 of the block's
+ * vector p. */
+static void store_key(attn_elem *head_keys, int64_t row, const float *x, int64_t dim) {
+    attn_elem rounded[512]; /* check_tokens: head_dim <= 512 */
+    v_round_to_bf16(x, dim, rounded);
+    attn_elem *block = head_keys + row / KEY_BLOCK_ROWS * KEY_BLOCK_ROWS * dim;
+    for (int64_t p = 0; p < dim / 2; p++)
+        memcpy(block + (p * KEY_BLOCK_ROWS + row % KEY_BLOCK_ROWS) * 2, rounded + 2 * p, 2 * sizeof(attn_elem));
+}
 
 
 /* Value rows begin + 2k and begin + 2k + 1 (a zero row past end) side by side as VDPBF16PS
@@ -313,12 +306,9 @@ static const uint16_t *value_pairs(const Attention *a, const attn_elem *values, 
 #else
 static inline int64_t key_width_of(int64_t dim) { return dim; }
 static void copy_queries(const TandemDecoder *d, const float *qkv, attn_elem *out) { (void)d, (void)qkv, (void)out; }
-/* The float32 build's scores read the cache's key rows themselves. */
-static const attn_elem *key_rows(const Attention *a, const attn_elem *keys, int64_t begin, int64_t end, attn_elem *copy) {
-    (void)end, (void)copy;
-    return keys + (a->first_row + begin) * a->d->head_dim;
-}
 static inline void store_row(attn_elem *row, const float *x, int64_t dim) { memcpy(row, x, sizeof(float) * dim); }
+/* The float32 builds keep keys in rows, as torch does. */
+static void store_key(attn_elem *head_keys, int64_t row, const float *x, int64_t dim) { store_row(head_keys + row * dim, x, dim); }
 static const uint16_t *value_pairs(const Attention *a, const attn_elem *values, int64_t begin, int64_t end,
                                    uint16_t *pairs) {
     (void)a, (void)values, (void)begin, (void)end, (void)pairs;
@@ -326,6 +316,89 @@ static const uint16_t *value_pairs(const Attention *a, const attn_elem *values, 
 }
 #endif
 
+#if KEY_BLOCK_ROWS > 1
+/* v_dot_key_block with a constant count of heads, and the demo's head width, in each call: the
+ * queries' sums stay in registers. */
+static void dot_key_heads(const attn_elem *const *queries, int heads, const attn_elem *block, int64_t pairs, vec *out) {
+    if (pairs == 32) {
+        switch (heads) {
+        case 4: v_dot_key_block(queries, 4, block, 32, out); return;
+        case 3: v_dot_key_block(queries, 3, block, 32, out); return;
+        case 2: v_dot_key_block(queries, 2, block, 32, out); return;
+        default: v_dot_key_block(queries, 1, block, 32, out); return;
+        }
+    }
+    switch (heads) {
+    case 4: v_dot_key_block(queries, 4, block, pairs, out); return;
+    case 3: v_dot_key_block(queries, 3, block, pairs, out); return;
+    case 2: v_dot_key_block(queries, 2, block, pairs, out); return;
+    default: v_dot_key_block(queries, 1, block, pairs, out); return;
+    }
+}
+
+/* The lanes of the key block whose first row is `base` (counted as a task's rows are) that token
+ * i sees in its range `span`. */
+static inline lanes_mask seen_in_block(const Attention *a, int64_t i, RowSpan span, int64_t base) {
+    int64_t first = span.first > base ? span.first - base : 0;
+    int64_t last = span.past - base < KEY_BLOCK_ROWS ? span.past - base : KEY_BLOCK_ROWS;
+    if (last <= first) return 0;
+    const uint8_t *seen = a->visible + i * a->visible_stride + base + first;
+    return (lanes_mask)(v_seen_lanes(seen, last - first, 0, last - first) << first);
+}
+
+/* The scores of range r's key rows begin..end-1 (of key/value head g, `keys` its cache) for
+ * every token and query head of group g, into scores (per query, count = end - begin of them)
+ * and each query's running largest per lane (tops: LANES floats a query; score_range takes the
+ * largest lane once per range), one cache block (KEY_BLOCK_ROWS rows) at a time, the first and
+ * last blocks only partly the range's: a block is read once for all the queries and stays in L1
+ * across them, and a token that sees none of its rows skips its products. A row a token does
+ * not see scores -inf. */
+static void score_blocks(const Attention *a, int64_t g, int64_t r, const attn_elem *keys, int64_t begin, int64_t end,
+                         float *scores, float *tops) {
+    int64_t dim = a->d->head_dim, count = end - begin;
+    int64_t first_block = (a->first_row + begin) / KEY_BLOCK_ROWS;
+    int64_t past_block = (a->first_row + end + KEY_BLOCK_ROWS - 1) / KEY_BLOCK_ROWS;
+    for (int64_t b = first_block; b < past_block; b++) {
+        int64_t base = b * KEY_BLOCK_ROWS - a->first_row; /* the block's first row, counted as begin and end are */
+        int64_t lo = begin > base ? begin - base : 0, hi = end - base < KEY_BLOCK_ROWS ? end - base : KEY_BLOCK_ROWS;
+        const attn_elem *block = keys + b * KEY_BLOCK_ROWS * dim;
+        for (int64_t i = 0; i < a->n; i++) {
+            lanes_mask seen = seen_in_block(a, i, range_of(a, i, r), base);
+            for (int64_t h0 = 0; h0 < a->groups; h0 += BLOCK_HEADS) {
+                int heads = a->groups - h0 < BLOCK_HEADS ? (int)(a->groups - h0) : BLOCK_HEADS;
+                const attn_elem *queries[BLOCK_HEADS];
+                vec dots[BLOCK_HEADS];
+                for (int h = 0; h < heads; h++) queries[h] = query_of(a, i, g, h0 + h);
+                if (seen) dot_key_heads(queries, heads, block, dim / 2, dots);
+                for (int h = 0; h < heads; h++) {
+                    int64_t q = i * a->groups + h0 + h;
+                    vec scaled = seen ? v_select(seen, v_mul(dots[h], v_set(a->d->attention_scale)), v_set(-INFINITY))
+                                      : v_set(-INFINITY);
+                    float *out = scores + q * count + base + lo - begin; /* lane lo's score */
+                    if (lo == 0 && hi == KEY_BLOCK_ROWS) {
+                        v_store(out, scaled);
+                    } else {
+                        float lanes[LANES];
+                        v_store(lanes, scaled);
+                        memcpy(out, lanes + lo, sizeof(float) * (hi - lo));
+                    }
+                    float *top = tops + q * LANES; /* v_max keeps its second operand where a score is NaN */
+                    if (seen) v_store(top, v_max(scaled, v_load(top)));
+                }
+            }
+        }
+    }
+}
+
+/* Step 1 of attend_range: the range's scores, and each query's largest. */
+static void score_range(const Attention *a, int64_t g, int64_t r, const attn_elem *keys, int64_t begin, int64_t end,
+                        float *largest, const Scratch *scratch) {
+    int64_t queries = a->n * a->groups;
+    for (int64_t q = 0; q < queries; q++) v_store(scratch->tops + q * LANES, v_set(-INFINITY));
+    score_blocks(a, g, r, keys, begin, end, scratch->scores, scratch->tops);
+    for (int64_t q = 0; q < queries; q++) largest[q] = v_largest(v_load(scratch->tops + q * LANES)); /* no NaN lane: exact */
+}
+#else
 /* v_dot_rows_heads with a constant count of heads, and the demo's head width, in each call:
  * the queries and their sums stay in registers. */
 static void dot_heads(const attn_elem *const *queries, int heads, const attn_elem *block, int64_t dim, vec *out) {
@@ -406,6 +479,23 @@ static void score_row(const Attention *a, int64_t g, int64_t r, const attn_elem 
     }
 }
 
+/* Step 1 of attend_range: the range's scores, each key row read once for every token and query
+ * head of the group, and each query's largest. */
+static void score_range(const Attention *a, int64_t g, int64_t r, const attn_elem *keys, int64_t begin, int64_t end,
+                        float *largest, const Scratch *scratch) {
+    int64_t queries = a->n * a->groups;
+    const attn_elem *rows = keys + (a->first_row + begin) * a->d->head_dim;
+    if (a->key_width % SCORE_STEP == 0) {
+        for (int64_t q = 0; q < queries; q++) v_store(scratch->tops + q * LANES, v_set(-INFINITY));
+        for (int64_t s = begin; s < end; s += LANES)
+            score_block(a, g, r, rows, begin, end, s, scratch->scores, scratch->tops, scratch->padded);
+        for (int64_t q = 0; q < queries; q++) largest[q] = v_largest(v_load(scratch->tops + q * LANES)); /* no NaN lane: exact */
+    } else {
+        for (int64_t s = begin; s < end; s++) score_row(a, g, r, rows, begin, end, s, scratch->scores, largest);
+    }
+}
+#endif
+
 /* acc (per query, dim floats) += the range's value rows weighted by the queries' e^scores, and
  * total[q] their weights' sum where dim holds VALUE_COLUMNS (else sum_weights adds them up):
  * up to HEADS_AT_ONCE heads of a token at a time, VALUE_COLUMNS columns at a time (the range's
@@ -473,18 +563,11 @@ static void sum_weights(const Attention *a, int64_t r, const float *scores, int6
 static void attend_range(const Attention *a, int64_t g, int64_t r, const attn_elem *keys, const attn_elem *values,
                          int64_t begin, int64_t end, float *largest, float *total, float *acc, const Scratch *scratch) {
     int64_t dim = a->d->head_dim, count = end - begin, queries = a->n * a->groups;
-    float *scores = scratch->scores, *tops = scratch->tops;
+    float *scores = scratch->scores;
     for (int64_t q = 0; q < queries; q++) largest[q] = -INFINITY;
     for (int64_t j = 0; j < queries * dim; j++) acc[j] = 0.0f;
-    /* 1. Scores: each key row read once for every token and query head of the group. */
-    const attn_elem *rows = key_rows(a, keys, begin, end, scratch->keys);
-    if (a->key_width % SCORE_STEP == 0) {
-        for (int64_t q = 0; q < queries; q++) v_store(tops + q * LANES, v_set(-INFINITY));
-        for (int64_t s = begin; s < end; s += LANES) score_block(a, g, r, rows, begin, end, s, scores, tops, scratch->padded);
-        for (int64_t q = 0; q < queries; q++) largest[q] = v_largest(v_load(tops + q * LANES)); /* no NaN lane: exact */
-    } else {
-        for (int64_t s = begin; s < end; s++) score_row(a, g, r, rows, begin, end, s, scores, largest);
-    }
+    /* 1. Scores. */
+    score_range(a, g, r, keys, begin, end, largest, scratch);
     /* 2. Their exponentials. */
     for (int64_t q = 0; q < queries; q++)
         if (largest[q] != -INFINITY) { /* else it sees nothing here */
@@ -535,7 +618,7 @@ typedef struct {
      * pages faulted in anew by every call and its scores read back from memory). */
     int64_t ranges, *bounds, *range_first, *range_rows, scores_per_thread, widest_task;
     float *scores, *tops, *largest, *totals, *partial; /* tops: n * groups * LANES floats a thread */
-    attn_elem *padded, *key_copies, *queries; /* queries: the bf16 build's (copy_queries) */
+    attn_elem *padded, *queries; /* queries: the bf16 build's (copy_queries) */
     uint16_t *value_pairs;
     int64_t key_width;
 } Work;
@@ -544,14 +627,13 @@ static void work_free(Work *w) {
     free(w->state), free(w->normed), free(w->wide), free(w->mixed), free(w->update);
     free(w->bounds), free(w->range_first), free(w->range_rows);
     free(w->scores), free(w->tops), free(w->largest), free(w->totals), free(w->partial);
-    free(w->padded), free(w->key_copies), free(w->queries), free(w->value_pairs);
+    free(w->padded), free(w->queries), free(w->value_pairs);
 }
 
 /* Thread t's scratch (Scratch), for tasks of up to widest_task rows. */
 static Scratch scratch_of(const Work *w, int64_t n, int64_t groups, int64_t dim, int t) {
     return (Scratch){w->scores + t * w->scores_per_thread, w->tops + t * n * groups * LANES,
-                     w->padded + t * LANES * w->key_width,
-                     BF16_ATTENTION ? w->key_copies + t * w->widest_task * w->key_width : NULL,
+                     KEY_BLOCK_ROWS == 1 ? w->padded + t * LANES * w->key_width : NULL,
                      BF16_ATTENTION ? w->value_pairs + t * (w->widest_task + 1) * dim : NULL};
 }
 
@@ -642,12 +724,12 @@ static int work_alloc(Work *w, const TandemDecoder *d, int64_t n, const uint8_t 
     /* the bf16 build's copies (+ 1: malloc(0) may give NULL) */
     int64_t copies = BF16_ATTENTION ? threads : 0;
     w->key_width = key_width_of(dim);
-    w->padded = malloc(sizeof(attn_elem) * threads * LANES * w->key_width); /* a block of key rows (score_block) */
-    w->key_copies = malloc(sizeof(attn_elem) * (copies * w->widest_task * w->key_width + 1));
+    /* the row layout's last block of key rows (score_block) */
+    w->padded = malloc(sizeof(attn_elem) * ((KEY_BLOCK_ROWS == 1 ? threads * LANES * w->key_width : 0) + 1));
     w->value_pairs = malloc(sizeof(uint16_t) * (copies * (w->widest_task + 1) * dim + 1));
     w->queries = malloc(sizeof(attn_elem) * ((BF16_ATTENTION ? n * d->heads * w->key_width : 0) + 1));
     if (!w->state || !w->normed || !w->wide || !w->mixed || !w->update || !w->scores || !w->padded || !w->tops || !w->largest ||
-        !w->totals || !w->partial || !w->key_copies || !w->value_pairs || !w->queries) {
+        !w->totals || !w->partial || !w->value_pairs || !w->queries) {
         work_free(w);
         return TANDEM_NO_MEMORY;
     }
@@ -659,7 +741,7 @@ static int work_alloc(Work *w, const TandemDecoder *d, int64_t n, const uint8_t 
 static int check_tokens(const TandemDecoder *d, int64_t n, const int64_t *ids, const int64_t *positions,
                         const int64_t *rows, int64_t first_row, int64_t slots, int64_t wanted_from) {
     if (n <= 0 || slots <= 0 || first_row < 0 || wanted_from < 0 || wanted_from > n || d->head_dim > 512 ||
-        d->head_dim % 2 || d->heads % d->kv_heads || first_row + slots > d->cache_rows)
+        d->head_dim % 2 || d->heads % d->kv_heads || first_row + slots > d->cache_rows || d->cache_rows % KEY_BLOCK_ROWS)
         return TANDEM_BAD_INPUT;
     for (int64_t i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= d->vocab || positions[i] < 0 || positions[i] >= d->table_positions ||
@@ -712,7 +794,7 @@ static void place_token(const TandemDecoder *d, const TandemLayer *layer, float 
         float *key = qkv + q_width + g * dim, *value = qkv + q_width + kv_width + g * dim;
         if (layer->k_norm != NULL) rms_norm(key, layer->k_norm, dim, d->eps, key);
         rotate(key, cos, sin, dim);
-        store_row((attn_elem *)layer->keys + (g * d->cache_rows + row) * dim, key, dim);
+        store_key((attn_elem *)layer->keys + g * d->cache_rows * dim, row, key, dim);
         store_row((attn_elem *)layer->values + (g * d->cache_rows + row) * dim, value, dim);
     }
     copy_queries(d, qkv, queries);
@@ -937,6 +1019,9 @@ int tandem_eagle3_forward(const TandemDecoder *d, const float *hidden_norm, int6
 
 /* The bytes of a cache element: 4 (float32), or 2 where the cache holds bf16 (BF16_ATTENTION). */
 int64_t tandem_cache_element_bytes(void) { return sizeof(attn_elem); }
+
+/* The rows of a key cache block (simd.h, KEY_BLOCK_ROWS): 1 where keys are kept in rows. */
+int64_t tandem_key_block_rows(void) { return KEY_BLOCK_ROWS; }
 
 int64_t tandem_abi(int64_t *out, int64_t count) {
 #define AT(type, field) (int64_t) offsetof(type, field)

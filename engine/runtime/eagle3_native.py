@@ -22,7 +22,7 @@ from . import int8_kernel
 from .cpu import forward_threads
 from .eagle3_head import Eagle3Head
 from .int8_weights import Int8Linear, join_rows, quantise_rows
-from .native_forward import DecoderStruct, LayerStruct, cache_dtype, int8_struct
+from .native_forward import DecoderStruct, LayerStruct, cache_dtype, int8_struct, key_layout
 
 GROWTH = 256  # cache rows (and rotary positions) added at a time
 # Tokens per C call: a long prompt is read in pieces, as the target's native forward reads it
@@ -71,7 +71,9 @@ class NativeHeadLayer:
             self._norms = [norm.weight.detach().float().contiguous() for norm in
                            (layer.input_layernorm, layer.post_attention_layernorm, layer.hidden_norm, head.norm)]
         self._inverse_frequencies = head.inv_freq.float()
-        self._keys = self._values = torch.zeros(0)
+        self._key_layout = key_layout()
+        self._keys: torch.Tensor | None = None  # in the kernel build's layout (key_blocks.py)
+        self._values: torch.Tensor | None = None
         self._cos = self._sin = torch.zeros(0)
         self._decoder: DecoderStruct | None = None
         self._keep: list = []
@@ -125,20 +127,21 @@ class NativeHeadLayer:
     def keep(self, kept: list[int]) -> None:
         """Slots `kept` (ascending, in the new order) become slots 0.. of the cache."""
         index = torch.tensor(kept)
-        self._keys[:, : len(kept)] = self._keys[:, index]
+        self._key_layout.move(self._keys, index, torch.arange(len(kept)))
         self._values[:, : len(kept)] = self._values[:, index]
 
     def _grow(self, rows: int) -> None:
         """A cache (and a rotary table) of at least `rows` rows; the C view follows them."""
-        capacity = self._keys.shape[1] if self._keys.dim() == 3 else 0
+        layout = self._key_layout
+        capacity = 0 if self._keys is None else layout.rows(self._keys)
         if rows <= capacity:
             return
         config = self.config
-        capacity = max(capacity + GROWTH, rows)
-        keys = torch.zeros(config.num_key_value_heads, capacity, config.head_dim, dtype=cache_dtype())
-        values = torch.zeros_like(keys)
-        if self._keys.dim() == 3:
-            keys[:, : self._keys.shape[1]] = self._keys
+        capacity = layout.rounded(max(capacity + GROWTH, rows))
+        keys = layout.zeros((config.num_key_value_heads,), capacity, config.head_dim, cache_dtype())
+        values = torch.zeros(config.num_key_value_heads, capacity, config.head_dim, dtype=cache_dtype())
+        if self._keys is not None:
+            layout.copy_rows(self._keys, keys)
             values[:, : self._values.shape[1]] = self._values
         self._keys, self._values = keys, values
         angles = torch.arange(capacity).float()[:, None] * self._inverse_frequencies  # (rows, head_dim / 2)

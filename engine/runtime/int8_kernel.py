@@ -173,6 +173,13 @@ def attention_in_bf16() -> bool:
     return library is not None and library.tandem_cache_element_bytes() == 2
 
 
+def key_block_rows() -> int:
+    """The rows of a block of the native forward's key cache, as the library itself says: 1
+    where it keeps keys in rows, as torch does (key_blocks.py)."""
+    library = _loaded()
+    return 1 if library is None else int(library.tandem_key_block_rows())
+
+
 def use_amx(on: bool | None = None) -> bool:
     """Whether AMX's tiles run the products of 2 or more tokens (int8_matmul.c says how; the
     floats are the vector path's to the bit), after turning it on or off (None: only asks).
@@ -334,6 +341,8 @@ def _declared(loaded: ctypes.CDLL) -> ctypes.CDLL:
     spans.restype = ctypes.c_int
     loaded.tandem_cache_element_bytes.argtypes = []
     loaded.tandem_cache_element_bytes.restype = ctypes.c_int64
+    loaded.tandem_key_block_rows.argtypes = []
+    loaded.tandem_key_block_rows.restype = ctypes.c_int64
     head = loaded.tandem_eagle3_forward
     head.argtypes = [
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,

@@ -25,11 +25,12 @@ import ctypes
 
 import torch
 
-from . import int8_kernel
+from . import int8_kernel, key_blocks
 from .cpu import forward_threads
 from .int8_weights import Int8Embedding, Int8Linear
 # The C structs' mirrors, checked against the library's own layout when it is loaded.
 from .kernel_abi import DecoderStruct, Int8Struct, LayerStruct
+from .key_blocks import KeyLayout
 from .static_families import recipe_for, static_refusal
 
 NATIVE_NAME = "torch (native int8 forward)"  # the runtime's name where it runs
@@ -113,6 +114,12 @@ def cache_dtype() -> torch.dtype:
     return torch.bfloat16 if int8_kernel.attention_in_bf16() else torch.float32
 
 
+def key_layout() -> KeyLayout:
+    """How the native forward keeps keys: in the blocks of rows its build's scores read, or in
+    rows (key_blocks.py)."""
+    return key_blocks.layout(int8_kernel.key_block_rows())
+
+
 def native_forward(forward) -> NativeForward | None:
     """The native forward over `forward`'s model and cache (a static_cache_forward.StaticCacheForward),
     or None where `refusal` says why not."""
@@ -145,7 +152,7 @@ class NativeForward:
         self.vocab = model.lm_head.weight.shape[0]
         keep: list = []  # every tensor whose address the C structs hold
         rows = forward.rows
-        forward.hold_cache_in(cache_dtype())
+        forward.hold_cache_in(cache_dtype(), key_layout())
         with torch.inference_mode():
             # The rotary embedding of every position, from the model's own module (its scaling included).
             probe = torch.zeros(1, 1, config.hidden_size)
@@ -169,7 +176,7 @@ class NativeForward:
         keep += [embeddings.weight, embeddings.scale, final_norm, layers, forward.cache]
         self._decoder = DecoderStruct(
             len(decoder.layers), config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-            attention.head_dim, config.intermediate_size, self.vocab, rows,
+            attention.head_dim, config.intermediate_size, self.vocab, forward.cache_rows,
             float(decoder.norm.variance_epsilon), float(attention.scaling),
             embeddings.weight.data_ptr(), embeddings.scale.data_ptr(), final_norm.data_ptr(),
             int8_struct(model.lm_head, keep), cos.data_ptr(), sin.data_ptr(), rows, layers,

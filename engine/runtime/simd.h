@@ -134,6 +134,54 @@ static inline __m512bh v_pair_weights(float a, float b) {
     memcpy(&low, &a, 4), memcpy(&high, &b, 4);
     return (__m512bh)_mm512_set1_epi32((int)((high & 0xFFFF0000u) | (low >> 16)));
 }
+
+/* The bf16 build's key cache, in blocks of KEY_BLOCK_ROWS rows (decoder_forward.c, store_key):
+ * block b of a head holds its rows b * 16 .. b * 16 + 15, element pair p of all sixteen side by
+ * side (one score_vec), so that one VDPBF16PS multiplies a query's pair p into sixteen keys, a
+ * key a lane. Why: with keys in rows, each key's 16 lanes of products had to be summed across
+ * lanes, and that shuffle tree cost as many instructions as the products (docs/BENCHMARKS.md). */
+#define KEY_BLOCK_ROWS 16
+/* v_dot_key_block: queries scored against a block at once, and the sums each keeps (a power of 2) */
+#define BLOCK_HEADS 4
+#ifndef KEY_SUMS
+#define KEY_SUMS 4
+#endif
+
+/* Query pair p (elements 2p and 2p + 1) in every lane */
+static inline score_vec v_query_pair(const attn_elem *query, int64_t p) {
+    uint32_t pair;
+    memcpy(&pair, query + 2 * p, sizeof(pair));
+    return (__m512bh)_mm512_set1_epi32((int)pair);
+}
+
+/* Lane t of out[h]: queries[h] . key t of `block` (KEY_BLOCK_ROWS keys of `pairs` element pairs,
+ * stored as above), for `heads` (at most BLOCK_HEADS) queries. Lane t sums its own key's
+ * products only, in KEY_SUMS sums (pair p into sum p % KEY_SUMS, each in order of p; several, so
+ * that many multiply-adds are in flight), then the sums pairwise. A key's score is the same bits
+ * in whichever block lane, batch or query group it is read. */
+static inline __attribute__((always_inline)) void v_dot_key_block(const attn_elem *const *queries, int heads,
+                                                                  const attn_elem *block, int64_t pairs, __m512 *out) {
+    __m512 sums[BLOCK_HEADS][KEY_SUMS];
+    for (int h = 0; h < heads; h++)
+        for (int c = 0; c < KEY_SUMS; c++) sums[h][c] = _mm512_setzero_ps();
+    int64_t p = 0;
+    for (; p + KEY_SUMS <= pairs; p += KEY_SUMS)
+        for (int c = 0; c < KEY_SUMS; c++) {
+            score_vec keys = v_load_scores(block + (p + c) * 2 * KEY_BLOCK_ROWS);
+            for (int h = 0; h < heads; h++) sums[h][c] = v_dot_add(keys, v_query_pair(queries[h], p + c), sums[h][c]);
+        }
+    for (int c = 0; c < KEY_SUMS; c++) /* a count of pairs no multiple of KEY_SUMS (c stays a constant: the sums stay in registers) */
+        if (p + c < pairs) {
+            score_vec keys = v_load_scores(block + (p + c) * 2 * KEY_BLOCK_ROWS);
+            for (int h = 0; h < heads; h++) sums[h][c] = v_dot_add(keys, v_query_pair(queries[h], p + c), sums[h][c]);
+        }
+    for (int h = 0; h < heads; h++) {
+        for (int width = KEY_SUMS / 2; width > 0; width /= 2)
+            for (int c = 0; c < width; c++) sums[h][c] = _mm512_add_ps(sums[h][c], sums[h][c + width]);
+        out[h] = sums[h][0];
+    }
+}
+
 #else
 #define BF16_ATTENTION 0
 typedef float attn_elem;
@@ -306,6 +354,10 @@ typedef float attn_elem; /* attention reads float32 queries, keys and values */
 static inline vec v_as_weight(vec x) { return x; } /* the weights stay float32 */
 #define SCORE_STEP LANES
 static inline float attn_float(attn_elem x) { return x; }
+#endif
+
+#ifndef KEY_BLOCK_ROWS
+#define KEY_BLOCK_ROWS 1 /* keys in rows, as torch keeps them */
 #endif
 
 #if SCORE_HEADS == 1

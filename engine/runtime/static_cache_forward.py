@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from .exact_attention import exact_attention
 from .joined_projections import JoinedProjections, joined_mlp, joined_projections
+from .key_blocks import KeyLayout, KeyRows
 from .rms_norm_cuda import fused_norm
 from .static_families import recipe_for, rotary_function
 
@@ -36,6 +37,8 @@ class StaticCacheForward:
         self.model = model
         self.recipe = recipe_for(model)
         self.rows = rows
+        self.cache_rows = rows  # the rows the cache holds: more where its keys' blocks round them up
+        self.key_layout: KeyLayout = KeyRows()
         self.feature_layers = tuple(feature_layers)
         config = model.config
         attention = model.model.layers[0].self_attn
@@ -64,15 +67,21 @@ class StaticCacheForward:
             # The position of the token in each row, which sliding windows are measured in.
             self.row_positions = torch.zeros(rows, dtype=torch.long, device=device) if any(self.sliding_windows) else None
 
-    def hold_cache_in(self, dtype: torch.dtype) -> None:
-        """The cache anew in `dtype` (the native forward's bf16 build keeps bf16 keys and values),
-        before anything is written into it."""
+    def hold_cache_in(self, dtype: torch.dtype, key_layout: KeyLayout) -> None:
+        """The cache anew in `dtype`, its keys in `key_layout` (the native forward's bf16 build
+        keeps bf16 keys in blocks, key_blocks.py, and bf16 values), before anything is written
+        into it."""
+        self.key_layout, self.cache_rows = key_layout, key_layout.rounded(self.rows)
         with torch.inference_mode():
-            self.cache = [(torch.zeros_like(keys, dtype=dtype), torch.zeros_like(values, dtype=dtype)) for keys, values in self.cache]
+            self.cache = [
+                (key_layout.zeros(keys.shape[:2], self.cache_rows, keys.shape[-1], dtype, keys.device),
+                 torch.zeros(*values.shape[:2], self.cache_rows, values.shape[-1], dtype=dtype, device=values.device))
+                for keys, values in self.cache
+            ]
 
     @property
     def cache_bytes(self) -> int:
-        return sum(keys.numel() * keys.element_size() * 2 for keys, _ in self.cache)
+        return sum(keys.numel() * keys.element_size() + values.numel() * values.element_size() for keys, values in self.cache)
 
     def __call__(
         self, ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, visible: torch.Tensor
@@ -93,12 +102,14 @@ class StaticCacheForward:
             attention, joined, norms = layer.self_attn, self.joined[index], self.norms[index]
             query, key, value = self._project(attention, joined, norms["input_layernorm"](hidden))  # (1, heads or kv_heads, n, d)
             query, key = self.rotate(query, key, *rotations[self.rotary_kinds[index]])
-            # A cache held in another dtype (hold_cache_in: a forward planned partly native, on the
-            # bf16 build) is written and read in it; where the dtypes agree these are no-ops.
-            keys.index_copy_(2, rows, key.to(keys.dtype))
+            # A cache held in another dtype or layout (hold_cache_in: a forward planned partly
+            # native, on the bf16 build) is written and read in it; where the dtypes agree and
+            # the keys are in rows these are no-ops.
+            self.key_layout.write(keys, rows, key.to(keys.dtype))
             values.index_copy_(2, rows, value.to(values.dtype))
             mask = masks[self.sliding_windows[index]]
-            cached_keys, cached_values = keys[:, :, :window].to(query.dtype), values[:, :, :window].to(query.dtype)
+            cached_keys = self.key_layout.read(keys, window).to(query.dtype)
+            cached_values = values[:, :, :window].to(query.dtype)
             attended = _attend(query, cached_keys, cached_values, mask, attention.scaling, self.attention_cap)
             attended = attention.o_proj(attended.transpose(1, 2).reshape(1, count, -1))
             if self.recipe.sandwich_norms:
@@ -157,8 +168,8 @@ class StaticCacheForward:
 
     def move(self, source: torch.Tensor, destination: torch.Tensor) -> None:
         for keys, values in self.cache:
+            self.key_layout.move(keys, source, destination)
             # The right-hand side is gathered before the write, so overlaps are safe.
-            keys[:, :, destination] = keys[:, :, source]
             values[:, :, destination] = values[:, :, source]
         if self.row_positions is not None:
             self.row_positions[destination] = self.row_positions[source]

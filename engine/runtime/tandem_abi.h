@@ -12,7 +12,7 @@
 
 #include <stdint.h>
 
-#define TANDEM_ABI_VERSION 2
+#define TANDEM_ABI_VERSION 3
 
 typedef struct {
     const int8_t *weight;   /* (rows, width) row-major */
@@ -28,8 +28,10 @@ typedef struct {
     TandemInt8 output;   /* o_proj */
     TandemInt8 gate_up;  /* gate, up side by side */
     TandemInt8 down;
-    /* (kv_heads, cache_rows, head_dim): float32, or bf16 in a build whose attention multiplies
-     * in bf16 (tandem_cache_element_bytes) */
+    /* values (kv_heads, cache_rows, head_dim): float32, or bf16 in a build whose attention
+     * multiplies in bf16 (tandem_cache_element_bytes). keys: the same, in rows where
+     * tandem_key_block_rows() is 1, else in its blocks of rows (simd.h, KEY_BLOCK_ROWS):
+     * (kv_heads, cache_rows / 16, head_dim / 2, 16, 2), cache_rows whole blocks. */
     void *keys, *values;
     const float *q_norm, *k_norm; /* (head_dim,): RMSNorm of each query and key head (Qwen3), or NULL */
 } TandemLayer;

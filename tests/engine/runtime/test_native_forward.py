@@ -22,7 +22,7 @@ from engine.runtime.forward_plan import ForwardSettings, plan_forward
 from engine.runtime.native_forward import NATIVE_NAME, NativeForward, refusal
 from engine.runtime.torch_load import torch_runtime_factory
 from engine.runtime.static_cache_forward import StaticCacheForward
-from engine.runtime.torch_static import StaticTorchRuntime
+from engine.runtime.torch_static import SCRATCH_ROWS, StaticTorchRuntime
 from engine.tree import TokenTree, forward_tree, keep_path
 
 from .test_torch_static import converse, random_tree
@@ -59,6 +59,8 @@ MODELS = {
     # heads of 96: on AVX-512 attention sums 64 value columns in registers and the other 32 in
     # its plain loop
     "llama-96-wide-heads": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE, head_dim=96)),
+    # heads of 18: 9 element pairs, which the bf16 build's scores (4 sums of pairs) split unevenly
+    "llama-18-wide-heads": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE, head_dim=18)),
 }
 
 
@@ -121,6 +123,30 @@ def test_prompts_run_natively_in_pieces_of_64(monkeypatch):
     for token in (5, 17, 40):  # steps: native over the keys either forward wrote
         assert_close(native.forward([token]), torch_only.forward([token]))
     assert calls[-3:] == [1, 1, 1]
+
+
+def test_the_native_cache_holds_the_torch_keys_in_the_layout_it_names():
+    """The C writes each key where key_blocks.py's layout for its build says (blocks of 16 rows on
+    the bf16 build): read back through that layout, the native cache holds the torch forward's
+    keys, and after a tree's kept path is moved into place, the path's keys."""
+    rng = random.Random(6)
+    native, torch_only = pair_of_runtimes(int8_model("llama", 6))
+    context = [rng.randrange(VOCAB) for _ in range(37)]
+    for runtime in (native, torch_only):
+        runtime.forward(context)
+    for _ in range(3):  # trees whose kept nodes move to the rows after the context
+        tree = random_tree(rng, context[-1], rng.randrange(4, 15))
+        for runtime in (native, torch_only):
+            forward_tree(runtime, context, tree)
+        path = tree.path(rng.randrange(len(tree)))
+        for runtime in (native, torch_only):
+            keep_path(runtime, len(context), path)
+        context = context + [tree.tokens[node] for node in path]
+    native_pass, torch_pass = native.forward_pass, torch_only.forward_pass
+    rows = SCRATCH_ROWS + len(context)
+    for (keys, _), (reference, _) in zip(native_pass.cache, torch_pass.cache):
+        held = native_pass.key_layout.read(keys, rows)[:, :, SCRATCH_ROWS:].float()
+        assert close(held, reference[:, :, SCRATCH_ROWS:rows].float())
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "llama-96-wide-heads"])
@@ -407,10 +433,12 @@ def test_independent_sequences_in_one_forward_get_the_bits_each_gets_alone(kind,
 
 def test_a_token_outside_its_own_span_is_refused():
     model = int8_model("llama", 16)
-    batched = NativeForward(StaticCacheForward(model, 100, torch.device("cpu")))
+    forward = StaticCacheForward(model, 100, torch.device("cpu"))
+    batched = NativeForward(forward)
+    rows = forward.cache_rows  # 100, or rounded up to whole blocks of keys (key_blocks.py)
     with pytest.raises(ValueError):  # its row past its span
         batched.spans([1], [3], [4], [0], [4], wanted_from=0)
     with pytest.raises(ValueError):  # a span past the cache
-        batched.spans([1], [3], [99], [96], [5], wanted_from=0)
+        batched.spans([1], [3], [rows - 1], [rows - 4], [5], wanted_from=0)
     logits, features = batched.spans([1, 2], [0, 0], [0, 50], [0, 50], [1, 1], wanted_from=1)
     assert logits.shape == (1, VOCAB) and features is None
