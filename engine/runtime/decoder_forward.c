@@ -350,41 +350,48 @@ static inline lanes_mask seen_in_block(const Attention *a, int64_t i, RowSpan sp
  * every token and query head of group g, into scores (per query, count = end - begin of them)
  * and each query's running largest per lane (tops: LANES floats a query; score_range takes the
  * largest lane once per range), one cache block (KEY_BLOCK_ROWS rows) at a time, the first and
- * last blocks only partly the range's: a block is read once for all the queries and stays in L1
- * across them, and a token that sees none of its rows skips its products. A row a token does
- * not see scores -inf. */
+ * last blocks only partly the range's. A block is read once for all the queries and stays in L1
+ * across them; they are scored BLOCK_HEADS at a time, across tokens where a group has fewer
+ * heads (a model with one query head per key/value head had scored one query at a time, too
+ * few sums in flight); a batch of them none of which sees a row of the block skips its
+ * products. A row a query's token does not see scores -inf. */
 static void score_blocks(const Attention *a, int64_t g, int64_t r, const attn_elem *keys, int64_t begin, int64_t end,
                          float *scores, float *tops) {
-    int64_t dim = a->d->head_dim, count = end - begin;
+    int64_t dim = a->d->head_dim, count = end - begin, queries = a->n * a->groups;
     int64_t first_block = (a->first_row + begin) / KEY_BLOCK_ROWS;
     int64_t past_block = (a->first_row + end + KEY_BLOCK_ROWS - 1) / KEY_BLOCK_ROWS;
     for (int64_t b = first_block; b < past_block; b++) {
         int64_t base = b * KEY_BLOCK_ROWS - a->first_row; /* the block's first row, counted as begin and end are */
         int64_t lo = begin > base ? begin - base : 0, hi = end - base < KEY_BLOCK_ROWS ? end - base : KEY_BLOCK_ROWS;
         const attn_elem *block = keys + b * KEY_BLOCK_ROWS * dim;
-        for (int64_t i = 0; i < a->n; i++) {
-            lanes_mask seen = seen_in_block(a, i, range_of(a, i, r), base);
-            for (int64_t h0 = 0; h0 < a->groups; h0 += BLOCK_HEADS) {
-                int heads = a->groups - h0 < BLOCK_HEADS ? (int)(a->groups - h0) : BLOCK_HEADS;
-                const attn_elem *queries[BLOCK_HEADS];
-                vec dots[BLOCK_HEADS];
-                for (int h = 0; h < heads; h++) queries[h] = query_of(a, i, g, h0 + h);
-                if (seen) dot_key_heads(queries, heads, block, dim / 2, dots);
-                for (int h = 0; h < heads; h++) {
-                    int64_t q = i * a->groups + h0 + h;
-                    vec scaled = seen ? v_select(seen, v_mul(dots[h], v_set(a->d->attention_scale)), v_set(-INFINITY))
-                                      : v_set(-INFINITY);
-                    float *out = scores + q * count + base + lo - begin; /* lane lo's score */
-                    if (lo == 0 && hi == KEY_BLOCK_ROWS) {
-                        v_store(out, scaled);
-                    } else {
-                        float lanes[LANES];
-                        v_store(lanes, scaled);
-                        memcpy(out, lanes + lo, sizeof(float) * (hi - lo));
-                    }
-                    float *top = tops + q * LANES; /* v_max keeps its second operand where a score is NaN */
-                    if (seen) v_store(top, v_max(scaled, v_load(top)));
+        int64_t token = -1; /* the token whose lanes `seen_now` holds */
+        lanes_mask seen_now = 0;
+        for (int64_t q0 = 0; q0 < queries; q0 += BLOCK_HEADS) {
+            int batch = queries - q0 < BLOCK_HEADS ? (int)(queries - q0) : BLOCK_HEADS;
+            const attn_elem *batch_queries[BLOCK_HEADS];
+            lanes_mask seen[BLOCK_HEADS], any = 0;
+            for (int k = 0; k < batch; k++) {
+                int64_t i = (q0 + k) / a->groups;
+                if (i != token) token = i, seen_now = seen_in_block(a, i, range_of(a, i, r), base);
+                seen[k] = seen_now, any |= seen_now;
+                batch_queries[k] = query_of(a, i, g, (q0 + k) % a->groups);
+            }
+            vec dots[BLOCK_HEADS];
+            if (any) dot_key_heads(batch_queries, batch, block, dim / 2, dots);
+            for (int k = 0; k < batch; k++) {
+                int64_t q = q0 + k;
+                vec scaled = seen[k] ? v_select(seen[k], v_mul(dots[k], v_set(a->d->attention_scale)), v_set(-INFINITY))
+                                     : v_set(-INFINITY);
+                float *out = scores + q * count + base + lo - begin; /* lane lo's score */
+                if (lo == 0 && hi == KEY_BLOCK_ROWS) {
+                    v_store(out, scaled);
+                } else {
+                    float lanes[LANES];
+                    v_store(lanes, scaled);
+                    memcpy(out, lanes + lo, sizeof(float) * (hi - lo));
                 }
+                float *top = tops + q * LANES; /* v_max keeps its second operand where a score is NaN */
+                if (seen[k]) v_store(top, v_max(scaled, v_load(top)));
             }
         }
     }
