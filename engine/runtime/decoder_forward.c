@@ -90,10 +90,10 @@ static void rotate(float *x, const float *cos, const float *sin, int64_t head_di
 typedef struct {
     const TandemDecoder *d;
     int64_t n, groups, q_width, visible_stride, first_row;
-    /* token i's query head h at queries + i * query_stride + h * key_width, as the scores read
+    /* token i's query head h at queries + i * query_stride + h * head_dim, as the scores read
      * it: the rotated queries in qkv, or their bf16 copy (copy_queries) */
     const attn_elem *queries;
-    int64_t query_stride, key_width;
+    int64_t query_stride;
     const uint8_t *visible; /* (n, visible_stride) */
     /* (n, bound_stride): token i's range r is cache rows bounds[i][r] .. bounds[i][r + 1] - 1 */
     const int64_t *bounds;
@@ -250,7 +250,7 @@ static inline int sees(const Attention *a, int64_t i, RowSpan span, int64_t s) {
 }
 
 static inline const attn_elem *query_of(const Attention *a, int64_t i, int64_t g, int64_t h) {
-    return a->queries + i * a->query_stride + (g * a->groups + h) * a->key_width;
+    return a->queries + i * a->query_stride + (g * a->groups + h) * a->d->head_dim;
 }
 
 /* Each thread's scratch for its attention tasks, reused task after task. */
@@ -262,9 +262,6 @@ typedef struct {
 } Scratch;
 
 #if BF16_ATTENTION
-/* The bf16 scores read the queries' element pairs as they are (v_dot_key_block): no padding. */
-static inline int64_t key_width_of(int64_t dim) { return dim; }
-
 /* Token i's queries, rounded to bf16, into `out` (heads x head_dim): rounded once a layer, not
  * once for every block of keys that reads them. */
 static void copy_queries(const TandemDecoder *d, const float *qkv, attn_elem *out) {
@@ -304,7 +301,6 @@ static const uint16_t *value_pairs(const Attention *a, const attn_elem *values, 
     return pairs;
 }
 #else
-static inline int64_t key_width_of(int64_t dim) { return dim; }
 static void copy_queries(const TandemDecoder *d, const float *qkv, attn_elem *out) { (void)d, (void)qkv, (void)out; }
 static inline void store_row(attn_elem *row, const float *x, int64_t dim) { memcpy(row, x, sizeof(float) * dim); }
 /* The float32 builds keep keys in rows, as torch does. */
@@ -435,7 +431,7 @@ static void dot_heads(const attn_elem *const *queries, int heads, const attn_ele
  * a step's scores are a verify's. */
 static void score_block(const Attention *a, int64_t g, int64_t r, const attn_elem *keys, int64_t begin, int64_t end,
                         int64_t s, float *scores, float *tops, attn_elem *padded) {
-    int64_t dim = a->key_width, count = end - begin, rows = end - s < LANES ? end - s : LANES;
+    int64_t dim = a->d->head_dim, count = end - begin, rows = end - s < LANES ? end - s : LANES;
     const attn_elem *block = keys + (s - begin) * dim;
     if (rows < LANES) {
         memset(padded, 0, sizeof(attn_elem) * LANES * dim);
@@ -466,7 +462,7 @@ static void score_block(const Attention *a, int64_t g, int64_t r, const attn_ele
 /* score_block for one row, for heads whose width is no multiple of LANES. */
 static void score_row(const Attention *a, int64_t g, int64_t r, const attn_elem *keys, int64_t begin, int64_t end,
                       int64_t s, float *scores, float *largest) {
-    int64_t dim = a->key_width, count = end - begin;
+    int64_t dim = a->d->head_dim, count = end - begin;
     const attn_elem *key = keys + (s - begin) * dim;
     for (int64_t i = 0; i < a->n; i++) {
         int seen = sees(a, i, range_of(a, i, r), s);
@@ -492,7 +488,7 @@ static void score_range(const Attention *a, int64_t g, int64_t r, const attn_ele
                         float *largest, const Scratch *scratch) {
     int64_t queries = a->n * a->groups;
     const attn_elem *rows = keys + (a->first_row + begin) * a->d->head_dim;
-    if (a->key_width % SCORE_STEP == 0) {
+    if (a->d->head_dim % SCORE_STEP == 0) {
         for (int64_t q = 0; q < queries; q++) v_store(scratch->tops + q * LANES, v_set(-INFINITY));
         for (int64_t s = begin; s < end; s += LANES)
             score_block(a, g, r, rows, begin, end, s, scratch->scores, scratch->tops, scratch->padded);
@@ -627,7 +623,6 @@ typedef struct {
     float *scores, *tops, *largest, *totals, *partial; /* tops: n * groups * LANES floats a thread */
     attn_elem *padded, *queries; /* queries: the bf16 build's (copy_queries) */
     uint16_t *value_pairs;
-    int64_t key_width;
 } Work;
 
 static void work_free(Work *w) {
@@ -640,7 +635,7 @@ static void work_free(Work *w) {
 /* Thread t's scratch (Scratch), for tasks of up to widest_task rows. */
 static Scratch scratch_of(const Work *w, int64_t n, int64_t groups, int64_t dim, int t) {
     return (Scratch){w->scores + t * w->scores_per_thread, w->tops + t * n * groups * LANES,
-                     KEY_BLOCK_ROWS == 1 ? w->padded + t * LANES * w->key_width : NULL,
+                     KEY_BLOCK_ROWS == 1 ? w->padded + t * LANES * dim : NULL,
                      BF16_ATTENTION ? w->value_pairs + t * (w->widest_task + 1) * dim : NULL};
 }
 
@@ -730,11 +725,10 @@ static int work_alloc(Work *w, const TandemDecoder *d, int64_t n, const uint8_t 
     w->partial = malloc(sizeof(float) * tasks * n * groups * dim);
     /* the bf16 build's copies (+ 1: malloc(0) may give NULL) */
     int64_t copies = BF16_ATTENTION ? threads : 0;
-    w->key_width = key_width_of(dim);
     /* the row layout's last block of key rows (score_block) */
-    w->padded = malloc(sizeof(attn_elem) * ((KEY_BLOCK_ROWS == 1 ? threads * LANES * w->key_width : 0) + 1));
+    w->padded = malloc(sizeof(attn_elem) * ((KEY_BLOCK_ROWS == 1 ? threads * LANES * dim : 0) + 1));
     w->value_pairs = malloc(sizeof(uint16_t) * (copies * (w->widest_task + 1) * dim + 1));
-    w->queries = malloc(sizeof(attn_elem) * ((BF16_ATTENTION ? n * d->heads * w->key_width : 0) + 1));
+    w->queries = malloc(sizeof(attn_elem) * ((BF16_ATTENTION ? n * d->heads * dim : 0) + 1));
     if (!w->state || !w->normed || !w->wide || !w->mixed || !w->update || !w->scores || !w->padded || !w->tops || !w->largest ||
         !w->totals || !w->partial || !w->value_pairs || !w->queries) {
         work_free(w);
@@ -814,7 +808,7 @@ static void attend_spans(const TandemDecoder *d, const TandemLayer *layer, const
                          const int64_t *span_first, Work *w) {
     int64_t dim = d->head_dim, groups = shared->groups, ranges = w->ranges, stride = ranges + 1;
 #define OWN(i) {d, 1, groups, shared->q_width, 0, span_first[i], shared->queries + (i) * shared->query_stride, \
-                shared->query_stride, shared->key_width, shared->visible, w->bounds + (i) * stride, stride}
+                shared->query_stride, shared->visible, w->bounds + (i) * stride, stride}
 #pragma omp for collapse(3) schedule(dynamic)
     for (int64_t i = 0; i < shared->n; i++)
         for (int64_t g = 0; g < d->kv_heads; g++)
@@ -855,8 +849,8 @@ static int run_layer(const TandemDecoder *d, const TandemLayer *layer, int64_t n
     if ((status = linear(&layer->qkv, w->normed, n, w->wide, NULL, NULL, threads))) return status;
     /* the scores read the rotated queries in qkv, or the bf16 build's copy of them */
     const attn_elem *queries_read = BF16_ATTENTION ? w->queries : (const attn_elem *)w->wide;
-    int64_t query_stride = BF16_ATTENTION ? d->heads * w->key_width : qkv_width;
-    Attention attention = {d, n, groups, q_width, visible_stride, first_row, queries_read, query_stride, w->key_width,
+    int64_t query_stride = BF16_ATTENTION ? d->heads * dim : qkv_width;
+    Attention attention = {d, n, groups, q_width, visible_stride, first_row, queries_read, query_stride,
                            visible, w->bounds, w->ranges + 1};
     int64_t ranges = w->ranges, queries = n * groups;
 #pragma omp parallel num_threads(threads)
