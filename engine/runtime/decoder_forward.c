@@ -45,12 +45,15 @@ int tandem_int8_linear(const float *x, int64_t m, int64_t k, const int8_t *w, in
 
 /* Attention runs in ranges of RANGE_ROWS key rows, merged with rescaling (merge_ranges). A
  * token's range r holds the key rows it sees numbered r * RANGE_ROWS on, counted in cache-row
- * order: for a token at position p that sees its whole history, the rows of positions r * 128
- * to r * 128 + 127, wherever they sit. A step, a verified chain and a tree node at that position
+ * order: for a token at position p that sees its whole history, the rows of positions r * 256
+ * to r * 256 + 255, wherever they sit. A step, a verified chain and a tree node at that position
  * then sum the same keys in the same ranges in the same order, and get the same bits. (Ranges
  * by cache row had put a tree node whose row lay past a border and position before it in
- * another range than its step would: a greedy reply could leave plain decoding's.) */
-#define RANGE_ROWS 128
+ * another range than its step would: a greedy reply could leave plain decoding's.) 256 rather
+ * than 128: each range's partial sums are written, then read back by merge_ranges, 8 MB a layer
+ * for a 64-token piece at 7,000 tokens with 128; halving them read such a prompt ~9% faster and
+ * its steps ~8% (docs/BENCHMARKS.md). */
+#define RANGE_ROWS 256
 
 enum { TANDEM_OK = 0, TANDEM_NO_MEMORY = -1, TANDEM_BAD_INPUT = -2 };
 
@@ -1023,6 +1026,10 @@ int64_t tandem_cache_element_bytes(void) { return sizeof(attn_elem); }
 
 /* The rows of a key cache block (simd.h, KEY_BLOCK_ROWS): 1 where keys are kept in rows. */
 int64_t tandem_key_block_rows(void) { return KEY_BLOCK_ROWS; }
+
+/* The key rows a token's attention range holds (RANGE_ROWS), for the tests that place tokens
+ * across a range's border. */
+int64_t tandem_attention_range_rows(void) { return RANGE_ROWS; }
 
 int64_t tandem_abi(int64_t *out, int64_t count) {
 #define AT(type, field) (int64_t) offsetof(type, field)

@@ -173,6 +173,13 @@ def attention_in_bf16() -> bool:
     return library is not None and library.tandem_cache_element_bytes() == 2
 
 
+def attention_range_rows() -> int | None:
+    """The key rows of one of the native forward's attention ranges (decoder_forward.c,
+    RANGE_ROWS), or None without the library."""
+    library = _loaded()
+    return None if library is None else int(library.tandem_attention_range_rows())
+
+
 def key_block_rows() -> int:
     """The rows of a block of the native forward's key cache, as the library itself says: 1
     where it keeps keys in rows, as torch does (key_blocks.py)."""
@@ -343,6 +350,8 @@ def _declared(loaded: ctypes.CDLL) -> ctypes.CDLL:
     loaded.tandem_cache_element_bytes.restype = ctypes.c_int64
     loaded.tandem_key_block_rows.argtypes = []
     loaded.tandem_key_block_rows.restype = ctypes.c_int64
+    loaded.tandem_attention_range_rows.argtypes = []
+    loaded.tandem_attention_range_rows.restype = ctypes.c_int64
     head = loaded.tandem_eagle3_forward
     head.argtypes = [
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,

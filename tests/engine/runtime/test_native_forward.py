@@ -38,6 +38,10 @@ ALL_VARIANTS = [
     for variant in int8_kernel.VARIANTS
 ]
 VOCAB = 64
+# The key rows of one attention range (decoder_forward.c's RANGE_ROWS): tests place tokens across
+# a range's border (0 where the library is missing and every test here is skipped).
+RANGE = int8_kernel.attention_range_rows() or 0
+CAPACITY = RANGE + 200  # the runtimes' tokens
 RELATIVE = 2e-4
 # The AVX-512 BF16 build rounds the attention's queries, keys, values and weights to bf16 (8
 # significant bits): measured within 4e-3 of the largest logit on these models.
@@ -84,8 +88,8 @@ def quantised(model: torch.nn.Module) -> torch.nn.Module:
 
 def pair_of_runtimes(model, **options) -> tuple[StaticTorchRuntime, StaticTorchRuntime]:
     """(native, torch): the same static runtime with and without the native forward."""
-    native = StaticTorchRuntime(model, torch.device("cpu"), 300, **options)
-    torch_only = StaticTorchRuntime(model, torch.device("cpu"), 300, native=False, **options)
+    native = StaticTorchRuntime(model, torch.device("cpu"), CAPACITY, **options)
+    torch_only = StaticTorchRuntime(model, torch.device("cpu"), CAPACITY, native=False, **options)
     assert native.native is not None and native.name == NATIVE_NAME
     return native, torch_only
 
@@ -239,12 +243,12 @@ def test_a_verify_gives_each_token_the_bits_its_steps_give_it(kind, each_build):
     """Greedy speculation equals plain decoding only if a verified token gets the very logits
     its step would: the attention's ranges and 16-row blocks sit at fixed cache rows, and a
     short last block is padded, so the sums run in the same order either way. After a context
-    that crosses a range (128 rows) and ends inside a block."""
+    that crosses a range (RANGE rows) and ends inside a block."""
     model = int8_model(kind, 12)
     rng = random.Random(12)
-    prompt = [rng.randrange(VOCAB) for _ in range(150)]
+    prompt = [rng.randrange(VOCAB) for _ in range(RANGE + 22)]
     following = [rng.randrange(VOCAB) for _ in range(9)]
-    verifying, stepping = (StaticTorchRuntime(model, torch.device("cpu"), 300) for _ in range(2))
+    verifying, stepping = (StaticTorchRuntime(model, torch.device("cpu"), CAPACITY) for _ in range(2))
     for runtime in (verifying, stepping):
         runtime.forward(prompt, logits_wanted=1)
     verified = verifying.forward(following, logits_wanted=len(following))
@@ -258,36 +262,36 @@ def test_a_long_prompt_read_in_pieces_gives_each_token_the_bits_its_step_gives_i
     """A prompt is read in pieces of PROMPT_ROWS tokens, and a piece's queries are scored
     together against each block of keys (on AVX-512 three heads' queries at once, in 3s and
     then what is left of a group, with SmolLM2's heads of 64 floats): every token of a prompt
-    of 200 tokens (pieces across range borders, 128 rows) must still get the very logits its
+    of RANGE + 72 tokens (pieces across a range's border) must still get the very logits its
     own step gives it, and the torch forward's to float rounding."""
     torch.manual_seed(14)
     config = LlamaConfig(**{**SHAPE, "hidden_size": 8 * heads, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
                                  "head_dim": 64})
     model = quantised(LlamaForCausalLM(config))
     rng = random.Random(14)
-    prompt = [rng.randrange(VOCAB) for _ in range(200)]
+    prompt = [rng.randrange(VOCAB) for _ in range(RANGE + 72)]
     reading, torch_only = pair_of_runtimes(model)
-    stepping = StaticTorchRuntime(model, torch.device("cpu"), 300)
+    stepping = StaticTorchRuntime(model, torch.device("cpu"), CAPACITY)
     read = reading.forward(prompt, logits_wanted=len(prompt))
     stepped = torch.cat([stepping.forward([token]) for token in prompt])
     assert stepping.native is not None and torch.equal(read, stepped)
     assert_close(read, torch_only.forward(prompt, logits_wanted=len(prompt)))
 
 
-@pytest.mark.parametrize("start", [30, 120], ids=["below a range border", "across a range border"])
+@pytest.mark.parametrize("start", [30, RANGE - 8], ids=["below a range border", "across a range border"])
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "llama-96-wide-heads"])
 def test_tree_nodes_and_the_steps_after_their_kept_paths_get_the_bits_steps_give_them(kind, start, each_build):
     """The same for trees, round after round: each node's logits in its tree, and the next
     tree's after `keep_path` has moved the accepted nodes down over their siblings, equal a
     chain of steps over those tokens. The weights' sum once ran in 16 lanes by cache row, so a
     key's rounding depended on where it sat, and the demo pair's greedy `staged` reply left
-    plain decoding's on a near-tie. Across an attention range's border (128 rows): a node whose
+    plain decoding's on a near-tie. Across an attention range's border (RANGE rows): a node whose
     cache row lies past the border while its position lies before it once had its keys summed
     in the next range (ranges went by cache row, not by how many rows a token sees)."""
     model = int8_model(kind, 14)
     rng = random.Random(14)
     context = [rng.randrange(VOCAB) for _ in range(start)]
-    treeing, stepping = (StaticTorchRuntime(model, torch.device("cpu"), 300) for _ in range(2))
+    treeing, stepping = (StaticTorchRuntime(model, torch.device("cpu"), CAPACITY) for _ in range(2))
     for runtime in (treeing, stepping):
         runtime.forward(context, logits_wanted=1)
     moved = straddled = 0
@@ -296,15 +300,15 @@ def test_tree_nodes_and_the_steps_after_their_kept_paths_get_the_bits_steps_give
         logits = forward_tree(treeing, context, tree)
         path = tree.path(len(tree) - 1)  # the last node: after its siblings in the cache
         moved += path != list(range(1, len(path) + 1))
-        # the last node's row is past 128 and the path's last position before it
-        straddled += len(context) - 1 + path[-1] >= 128 > len(context) - 1 + len(path)
+        # the last node's row is past the border and the path's last position before it
+        straddled += len(context) - 1 + path[-1] >= RANGE > len(context) - 1 + len(path)
         path_tokens = [tree.tokens[node] for node in path]
         for node, token in zip(path, path_tokens):
             assert torch.equal(logits[node], stepping.forward([token])[-1]), (node, path, len(context))
         keep_path(treeing, len(context), path)
         context = context + path_tokens
     assert moved >= 4 and treeing.native is not None
-    assert straddled >= 1 if start > 100 else len(context) < 128
+    assert straddled >= 1 if start > 100 else len(context) < RANGE
 
 
 @pytest.mark.parametrize("kind", ["llama-96-wide-heads", "llama"])
@@ -317,8 +321,8 @@ def test_a_tree_node_that_sees_past_a_sibling_gets_the_bits_its_step_gives_it(ki
     (64) and summed one by one (32); heads of 16: summed one by one only."""
     model = int8_model(kind, 15)
     rng = random.Random(15)
-    context = [rng.randrange(VOCAB) for _ in range(150)]  # the nodes in the second range (128 rows)
-    treeing, stepping = (StaticTorchRuntime(model, torch.device("cpu"), 300) for _ in range(2))
+    context = [rng.randrange(VOCAB) for _ in range(RANGE + 22)]  # the nodes in the second range
+    treeing, stepping = (StaticTorchRuntime(model, torch.device("cpu"), CAPACITY) for _ in range(2))
     for runtime in (treeing, stepping):
         runtime.forward(context, logits_wanted=1)
     tokens = [context[-1]] + [rng.randrange(VOCAB) for _ in range(4)]
@@ -357,14 +361,14 @@ def test_every_kernel_build_runs_the_native_forward(each_build):
 @pytest.mark.parametrize("kind", ["llama-96-wide-heads", "qwen3"])
 def test_every_build_gives_the_portable_builds_logits_to_float_rounding(kind, each_build, monkeypatch):
     """The portable build (plain C, simd.h's one-lane helpers) is the reference: each build's
-    logits through a prompt past a range border (128 rows), a verify and a step are within
+    logits through a prompt past a range border (RANGE rows), a verify and a step are within
     RELATIVE of its (BF16_RELATIVE for a bf16 attention build). Heads of 96 (value columns past the vectors' 64) and of 24 (no whole
     16-lane block: AVX-512 scores row by row)."""
     def logits() -> torch.Tensor:
         native, _ = pair_of_runtimes(int8_model(kind, 17))
         rng = random.Random(17)
-        prompt, verify = [rng.randrange(VOCAB) for _ in range(140)], [rng.randrange(VOCAB) for _ in range(5)]
-        return torch.cat([native.forward(prompt, logits_wanted=140), native.forward(verify, logits_wanted=5),
+        prompt, verify = [rng.randrange(VOCAB) for _ in range(RANGE + 12)], [rng.randrange(VOCAB) for _ in range(5)]
+        return torch.cat([native.forward(prompt, logits_wanted=len(prompt)), native.forward(verify, logits_wanted=5),
                           native.forward([rng.randrange(VOCAB)])])
 
     built = logits()
@@ -401,15 +405,15 @@ def test_independent_sequences_in_one_forward_get_the_bits_each_gets_alone(kind,
     """Many replies share each weight pass (the distillation writer): a prompt, its first
     token and the steps of other sequences in one forward, each token attending over its own
     sequence's rows only. Every token's logits and features equal those of a runtime that
-    holds its sequence alone, to the bit, across a range border (128 rows) too."""
+    holds its sequence alone, to the bit, across a range border (RANGE rows) too."""
     model = int8_model(kind, 15)
     rng = random.Random(15)
-    region, layers = 200, (0, 2)
+    region, layers = RANGE + 72, (0, 2)
     batched = NativeForward(StaticCacheForward(model, 4 * region, torch.device("cpu"), layers))
     alone = [StaticTorchRuntime(model, torch.device("cpu"), region, feature_layers=layers) for _ in range(4)]
     sequences: list[list[int]] = [[] for _ in range(4)]
     # (sequence, new tokens) per forward: prompts beside steps, one sequence left out a round
-    rounds = [[(0, 5), (1, 131)], [(0, 1), (1, 1), (2, 37)], [(1, 1), (2, 1), (3, 126)], [(0, 1), (2, 1), (3, 1)],
+    rounds = [[(0, 5), (1, RANGE + 3)], [(0, 1), (1, 1), (2, 37)], [(1, 1), (2, 1), (3, RANGE - 2)], [(0, 1), (2, 1), (3, 1)],
               [(0, 1), (1, 1), (2, 1), (3, 1)], [(3, 1), (1, 1)]]
     for forward in rounds:
         ids, positions, rows, first, seen, owners = [], [], [], [], [], []
@@ -428,7 +432,7 @@ def test_independent_sequences_in_one_forward_get_the_bits_each_gets_alone(kind,
             assert torch.equal(logits[at : at + count], expected), (sequence, count)
             assert torch.equal(features[at : at + count], runtime.features[len(runtime) - count : len(runtime)])
             at += count
-    assert all(runtime.native is not None for runtime in alone) and max(map(len, sequences)) > 128
+    assert all(runtime.native is not None for runtime in alone) and max(map(len, sequences)) > RANGE
 
 
 def test_a_token_outside_its_own_span_is_refused():
