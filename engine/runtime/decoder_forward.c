@@ -51,8 +51,8 @@ int tandem_int8_linear(const float *x, int64_t m, int64_t k, const int8_t *w, in
  * by cache row had put a tree node whose row lay past a border and position before it in
  * another range than its step would: a greedy reply could leave plain decoding's.) 256 rather
  * than 128: each range's partial sums are written, then read back by merge_ranges, 8 MB a layer
- * for a 64-token piece at 7,000 tokens with 128; halving them read such a prompt ~9% faster and
- * its steps ~8% (docs/BENCHMARKS.md). */
+ * for a 64-token piece at 7,000 tokens with 128; halving them read such a prompt 1-12% faster
+ * and the steps after it 7-9% (docs/BENCHMARKS.md). */
 #define RANGE_ROWS 256
 
 enum { TANDEM_OK = 0, TANDEM_NO_MEMORY = -1, TANDEM_BAD_INPUT = -2 };
