@@ -46,6 +46,7 @@ def main() -> None:
             tracked = source.resolve().relative_to(Path.cwd().resolve()).as_posix()  # run from the repository's root
             path.write_bytes(subprocess.run(["git", "show", f"{before}:{tracked}"], capture_output=True, check=True).stdout)
             old_sources.append(path)
+        old_sources.append(int8_kernel.INT4_SOURCE)  # the int4 product, as it is now (older decoders never call it)
         libraries = {"before": int8_kernel.build_for_comparison(variant, folder / "before.so", tuple(old_sources)),
                      "after": int8_kernel.build_for_comparison(variant, folder / "after.so")}
         context = [1000 + (i * 7) % 5000 for i in range(CONTEXT)]

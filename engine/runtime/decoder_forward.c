@@ -42,6 +42,9 @@
 int tandem_int8_linear(const float *x, int64_t m, int64_t k, const int8_t *w, int64_t n, int64_t w_stride,
                        const int32_t *row_sums, const float *row_scale, const float *bias, float *out,
                        void (*prepare)(const void *context, int64_t row), const void *context, int threads);
+int tandem_int4_linear(const float *x, int64_t m, int64_t k, const uint8_t *packed, const uint16_t *group_scales,
+                       int64_t n, const float *bias, float *out, void (*prepare)(const void *context, int64_t row),
+                       const void *context, int threads);
 
 /* Attention runs in ranges of RANGE_ROWS key rows, merged with rescaling (merge_ranges). A
  * token's range r holds the key rows it sees numbered r * RANGE_ROWS on, counted in cache-row
@@ -57,10 +60,15 @@ int tandem_int8_linear(const float *x, int64_t m, int64_t k, const int8_t *w, in
 
 enum { TANDEM_OK = 0, TANDEM_NO_MEMORY = -1, TANDEM_BAD_INPUT = -2 };
 
-/* out (m, rows) = x (m, width) times the layer's weight, scaled (and biased) as Int8Linear does;
- * prepare(context, i), where not NULL, first writes row i of x (tandem_int8_linear). */
+/* out (m, rows) = x (m, width) times the layer's weight, scaled (and biased) as Int8Linear or
+ * Int4Linear does; prepare(context, i), where not NULL, first writes row i of x (tandem_int8_linear). */
 static int linear(const TandemInt8 *layer, const float *x, int64_t m, float *out, void (*prepare)(const void *, int64_t),
                   const void *context, int threads) {
+    if (layer->packed != NULL)
+        return tandem_int4_linear(x, m, layer->width, layer->packed, layer->group_scales, layer->rows, layer->bias, out, prepare,
+                                  context, threads)
+                   ? TANDEM_NO_MEMORY
+                   : TANDEM_OK;
     return tandem_int8_linear(x, m, layer->width, layer->weight, layer->rows, layer->width, layer->row_sums, layer->scale,
                               layer->bias, out, prepare, context, threads)
                ? TANDEM_NO_MEMORY
@@ -1036,7 +1044,7 @@ int64_t tandem_abi(int64_t *out, int64_t count) {
     const int64_t abi[TANDEM_ABI_FIELDS] = {
         TANDEM_ABI_VERSION, sizeof(TandemInt8), sizeof(TandemLayer), sizeof(TandemDecoder),
         AT(TandemInt8, weight), AT(TandemInt8, scale), AT(TandemInt8, row_sums), AT(TandemInt8, bias),
-        AT(TandemInt8, rows), AT(TandemInt8, width),
+        AT(TandemInt8, rows), AT(TandemInt8, width), AT(TandemInt8, packed), AT(TandemInt8, group_scales),
         AT(TandemLayer, input_norm), AT(TandemLayer, post_attention_norm), AT(TandemLayer, qkv), AT(TandemLayer, output),
         AT(TandemLayer, gate_up), AT(TandemLayer, down), AT(TandemLayer, keys), AT(TandemLayer, values),
         AT(TandemLayer, q_norm), AT(TandemLayer, k_norm),

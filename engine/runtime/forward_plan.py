@@ -31,6 +31,7 @@ import torch
 
 from . import int8_kernel
 from .compiled_forward import compile_allowed
+from .int4_weights import Int4Linear
 from .int8_weights import Int8Linear
 from .native_forward import NATIVE_NAME, PROMPT_ROWS
 from .native_forward import refusal as native_refusal
@@ -123,7 +124,7 @@ class ForwardPlan:
         line = f"{self.name}: " + "; ".join(part.describe() for part in self.ranges)
         line += f"; precision {self.precision}" + (f" ({self.precision_reason})" if self.precision_reason else "")
         if self.kernel_reason:
-            line += f"; int8 products: {self.kernel_reason}"
+            line += f"; products: {self.kernel_reason}"
         return line
 
 
@@ -146,7 +147,8 @@ def plan_forward(model: torch.nn.Module, device: torch.device, settings: Forward
         build = int8_kernel.variant_name()
         measured = "measured faster than llama.cpp" if measured_here() else "never measured against llama.cpp"
         arithmetic = "attention and its KV cache in bf16" if int8_kernel.attention_in_bf16() else "float32 between the products"
-        return plan(NATIVE_NAME, NATIVE, f"an int8 Llama-family model on the CPU, the {build} build ({measured}; {arithmetic}); "
+        weights = _precision_of(model).removesuffix("-wo")  # int8 or int4
+        return plan(NATIVE_NAME, NATIVE, f"an {weights} Llama-family model on the CPU, the {build} build ({measured}; {arithmetic}); "
                                          f"prompts in pieces of {PROMPT_ROWS} rows, so nothing is left to compile")
     not_native = f"not native: {native_reason}"
     if device.type == "cpu" and settings.compile:
@@ -166,6 +168,8 @@ def int8_kernel_runs_on(device: torch.device) -> bool:
 
 
 def _precision_of(model: torch.nn.Module) -> str:
+    if any(isinstance(module, Int4Linear) for module in model.modules()):
+        return "int4-wo"
     if any(isinstance(module, Int8Linear) for module in model.modules()):
         return "int8-wo"
     return str(model.dtype).removeprefix("torch.")

@@ -41,9 +41,10 @@ import torch
 
 from .. import paths
 from .cpu import cpu_flags, forward_threads
+from .int4_weights import reference_product
 from .kernel_abi import mismatch
 # The variant table lives with the build step; benches and tests read it here too.
-from .kernel_build import DECODER_SOURCE, PREBUILT_DIR, VARIANTS, BuildFailed, Variant, compile_library, library_name
+from .kernel_build import DECODER_SOURCE, INT4_SOURCE, PREBUILT_DIR, VARIANTS, BuildFailed, Variant, compile_library, library_name
 
 # A narrower build than this CPU's ("AVX2", "portable", …), or "off" (chosen_variant)
 KERNEL_VARIABLE = "TANDEM_INT8_KERNEL"
@@ -130,6 +131,26 @@ def kernel_product(x: torch.Tensor, weight: torch.Tensor, row_sums: torch.Tensor
     )
     if failed:
         raise MemoryError("out of memory for the int8 product's rounded activations")
+    return out
+
+
+def int4_product(x: torch.Tensor, layer) -> torch.Tensor:
+    """x (m, k) float32 times an int4_weights.Int4Linear's weight transposed, in float32: by the
+    kernel's `tandem_int4_linear` where it runs, else by int4_weights.reference_product (the same
+    floats, slower)."""
+    library = _library if _tried else _loaded()
+    if library is None:
+        return reference_product(x, *layer.levels_and_scales())
+    if not (x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] == layer.in_features):
+        raise ValueError(f"the int4 product takes float32 rows of width {layer.in_features}, not {x.dtype} {tuple(x.shape)}")
+    x = x.contiguous()
+    out = torch.empty((x.shape[0], layer.rows), dtype=torch.float32)
+    failed = library.tandem_int4_linear(
+        x.data_ptr(), x.shape[0], x.shape[1], layer.packed.data_ptr(), layer.scales.data_ptr(), layer.rows, None,
+        out.data_ptr(), None, None, forward_threads(),
+    )
+    if failed:
+        raise MemoryError("out of memory for the int4 product's rounded activations")
     return out
 
 
@@ -333,6 +354,12 @@ def _declared(loaded: ctypes.CDLL) -> ctypes.CDLL:
         ctypes.c_void_p, ctypes.c_int,
     ]
     function.restype = ctypes.c_int
+    int4 = loaded.tandem_int4_linear
+    int4.argtypes = [
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+    ]
+    int4.restype = ctypes.c_int
     forward = loaded.tandem_decoder_forward
     forward.argtypes = [
         ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import int8_cuda
+from .int4_weights import GROUP, Int4Linear
 from .int8_kernel import integer_product, weight_row_sums
 
 
@@ -134,9 +135,13 @@ class Int8Embedding(nn.Module):
         return rows if self.embed_scale is None else rows * self.embed_scale
 
 
-def quantise_weight_only(model: nn.Module) -> nn.Module:
+def quantise_weight_only(model: nn.Module, bits: int = 8) -> nn.Module:
     """Replace every linear layer and the input embeddings of a causal LM in place by int8
-    ones. A tied output head shares the embedding's int8 table (same rows, same scales)."""
+    ones, or with bits=4 every linear layer but the output head by an int4 one (int4_weights.py;
+    one whose inputs are not whole groups of 32 stays int8). A tied output head shares the
+    embedding's int8 table (same rows, same scales)."""
+    if bits not in (4, 8):
+        raise ValueError(f"weight-only layers of 4 or 8 bits, not {bits}")
     embeddings = model.get_input_embeddings()
     head = model.get_output_embeddings()
     tied = head is not None and head.weight is embeddings.weight
@@ -144,7 +149,8 @@ def quantise_weight_only(model: nn.Module) -> nn.Module:
         for parent in list(model.modules()):
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear) and child is not head:
-                    setattr(parent, name, Int8Linear.from_linear(child))
+                    four = bits == 4 and child.in_features % GROUP == 0
+                    setattr(parent, name, Int4Linear.from_linear(child) if four else Int8Linear.from_linear(child))
         quantised_embeddings = Int8Embedding(embeddings)
         model.set_input_embeddings(quantised_embeddings)
         if tied:

@@ -1,4 +1,4 @@
-"""Joining a decoder layer's int8 projections that read the same input, for the static forward
+"""Joining a decoder layer's int8 (or int4) projections that read the same input, for the static forward
 (static_cache_forward.py), which runs them, and the native forward (native_forward.py), which
 hands them to C as they are."""
 from __future__ import annotations
@@ -7,16 +7,27 @@ from dataclasses import dataclass
 
 import torch
 
-from .int8_weights import Int8Linear, join_rows
+from . import int4_weights, int8_weights
+from .int4_weights import Int4Linear
+from .int8_weights import Int8Linear
 
 
 @dataclass(frozen=True)
 class JoinedProjections:
-    """A layer's int8 projections that read the same input, joined into one matmul each
-    (`join_rows`): 4 integer matmuls per layer instead of 7. None where they are not int8."""
+    """A layer's int8 or int4 projections that read the same input, joined into one matmul each
+    (`join_rows`): 4 integer matmuls per layer instead of 7. None where they are not all int8
+    or all int4."""
 
-    qkv: Int8Linear | None = None  # q, k and v side by side
-    gate_up: Int8Linear | None = None  # the MLP's gate and up side by side
+    qkv: Int8Linear | Int4Linear | None = None  # q, k and v side by side
+    gate_up: Int8Linear | Int4Linear | None = None  # the MLP's gate and up side by side
+
+
+def _joined(parts: list) -> Int8Linear | Int4Linear | None:
+    if all(isinstance(part, Int8Linear) for part in parts):
+        return int8_weights.join_rows(parts)
+    if all(isinstance(part, Int4Linear) for part in parts):
+        return int4_weights.join_rows(parts)
+    return None
 
 
 def joined_projections(layer: torch.nn.Module, qkv_fused_already: bool) -> JoinedProjections:
@@ -24,11 +35,11 @@ def joined_projections(layer: torch.nn.Module, qkv_fused_already: bool) -> Joine
     qkv = None
     if not qkv_fused_already:
         parts = [attention.q_proj, attention.k_proj, attention.v_proj]
-        qkv = join_rows(parts) if all(isinstance(part, Int8Linear) for part in parts) else None
+        qkv = _joined(parts)
     # Every covered family's MLP but Phi-3's (whose gate_up_proj is joined already) computes
     # down(act(gate(x)) * up(x)); `joined_mlp` does the same over the joined pair.
     parts = [getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)]
-    gate_up = join_rows(parts) if all(isinstance(part, Int8Linear) for part in parts) else None
+    gate_up = _joined(parts)
     return JoinedProjections(qkv, gate_up)
 
 

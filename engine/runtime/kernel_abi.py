@@ -13,12 +13,13 @@ from __future__ import annotations
 import ctypes
 
 # The version of tandem_abi.h's structs these mirror: bump both with any change to them.
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 
 class Int8Struct(ctypes.Structure):
     _fields_ = [("weight", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("row_sums", ctypes.c_void_p),
-                ("bias", ctypes.c_void_p), ("rows", ctypes.c_int64), ("width", ctypes.c_int64)]
+                ("bias", ctypes.c_void_p), ("rows", ctypes.c_int64), ("width", ctypes.c_int64),
+                ("packed", ctypes.c_void_p), ("group_scales", ctypes.c_void_p)]
 
 
 class LayerStruct(ctypes.Structure):

@@ -85,6 +85,8 @@ VARIANTS = (
 )
 # Built into the same library: a whole decoder forward over the kernel (native_forward.py).
 DECODER_SOURCE = _HERE / "decoder_forward.c"
+# And the int4 layers' product (int4_weights.py), one source for every ISA.
+INT4_SOURCE = _HERE / "int4_matmul.c"
 ABI_HEADER = _HERE / "tandem_abi.h"  # the structs native_forward.py hands the forward
 SIMD_HEADER = _HERE / "simd.h"  # the forward's per-ISA vector helpers
 PREBUILT_DIR = _HERE / "_built"
@@ -103,17 +105,17 @@ def compiler() -> str:
 def library_name(variant: Variant) -> str:
     """The file name of `variant`'s library built from the sources as they are now, e.g.
     tandem_kernels-avx2-0123456789abcdef.so (OSError where a source is missing)."""
-    sources = b"".join(path.read_bytes() for path in (variant.source, DECODER_SOURCE, ABI_HEADER, SIMD_HEADER))
+    sources = b"".join(path.read_bytes() for path in (variant.source, DECODER_SOURCE, INT4_SOURCE, ABI_HEADER, SIMD_HEADER))
     key = hashlib.sha256(sources + " ".join((*CODE_FLAGS, *variant.flags)).encode()).hexdigest()[:16]
     return f"{LIBRARY_PREFIX}{re.sub(r'[^a-z0-9]+', '-', variant.name.lower())}-{key}.so"
 
 
 def compile_library(variant: Variant, out: Path, warnings: tuple[str, ...] = STRICT_FLAGS,
                     sources: tuple[Path, ...] | None = None) -> None:
-    """`variant`'s library at `out`, from its own and the decoder's sources by default. It is
+    """`variant`'s library at `out`, from its own, the decoder's and the int4 sources by default. It is
     written under a temporary name and renamed, so that another process building at the same
     time never loads a half-written file. BuildFailed says what the compiler said."""
-    sources = sources or (variant.source, DECODER_SOURCE)
+    sources = sources or (variant.source, DECODER_SOURCE, INT4_SOURCE)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as scratch:
         partial = Path(scratch) / out.name

@@ -27,6 +27,7 @@ import torch
 
 from . import int8_kernel, key_blocks
 from .cpu import forward_threads
+from .int4_weights import Int4Linear
 from .int8_weights import Int8Embedding, Int8Linear
 # The C structs' mirrors, checked against the library's own layout when it is loaded.
 from .kernel_abi import DecoderStruct, Int8Struct, LayerStruct
@@ -56,7 +57,7 @@ def refusal(model: torch.nn.Module, device: torch.device) -> str | None:
     if getattr(config, "hidden_act", None) != "silu":
         return f"the native forward runs SiLU MLPs, not {getattr(config, 'hidden_act', None)!r}"
     decoder = model.model
-    int8 = "the native forward runs int8 models (int8-wo)"
+    int8 = "the native forward runs int8 and int4 models (int8-wo, int4-wo)"
     if not isinstance(decoder.embed_tokens, Int8Embedding) or decoder.embed_tokens.embed_scale is not None:
         return int8
     if not isinstance(model.lm_head, Int8Linear):
@@ -64,8 +65,10 @@ def refusal(model: torch.nn.Module, device: torch.device) -> str | None:
     for layer in decoder.layers:
         attention, mlp = layer.self_attn, layer.mlp
         parts = (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        if not all(isinstance(part, Int8Linear) for part in parts):
+        if not all(isinstance(part, (Int8Linear, Int4Linear)) for part in parts):
             return int8
+        if len({type(part) for part in parts[:3]}) > 1 or type(parts[4]) is not type(parts[5]):
+            return "the native forward joins q, k and v (and gate and up): each set all int8 or all int4"
         if any(part.bias is not None for part in parts[3:]):
             return "the native forward runs no biases past the attention's inputs"
         norms = [layer.input_layernorm, layer.post_attention_layernorm]
@@ -102,7 +105,10 @@ def _shape_refusal(model: torch.nn.Module) -> str | None:
                    (mlp.gate_proj, (intermediate, hidden)), (mlp.up_proj, (intermediate, hidden)),
                    (mlp.down_proj, (hidden, intermediate))]
     for module, shape in shapes:
-        if tuple(module.weight.shape) != shape or module.scale.dtype != torch.float32:
+        if isinstance(module, Int4Linear):
+            if (module.out_features, module.in_features) != shape:
+                return f"a weight of shape {(module.out_features, module.in_features)} where the config says {shape}"
+        elif tuple(module.weight.shape) != shape or module.scale.dtype != torch.float32:
             return f"a weight of shape {tuple(module.weight.shape)} where the config says {shape}"
     return None
 
@@ -126,14 +132,20 @@ def native_forward(forward) -> NativeForward | None:
     return NativeForward(forward) if refusal(forward.model, forward.cache[0][0].device) is None else None
 
 
-def int8_struct(layer: Int8Linear, keep: list) -> Int8Struct:
+def int8_struct(layer: Int8Linear | Int4Linear, keep: list) -> Int8Struct:
     """The C view of `layer`; `keep` collects the tensors whose addresses it holds."""
+    if isinstance(layer, Int4Linear):
+        bias = None if layer.bias is None else layer.bias.detach().float().contiguous()
+        packed, scales = layer.packed.contiguous(), layer.scales.contiguous()
+        keep.extend([packed, scales, bias])
+        return Int8Struct(0, 0, 0, 0 if bias is None else bias.data_ptr(), layer.rows, layer.in_features,
+                          packed.data_ptr(), scales.data_ptr())
     tensors = [layer.weight.contiguous(), layer.scale.contiguous(), layer.row_sums.contiguous()]
     bias = None if layer.bias is None else layer.bias.detach().float().contiguous()
     keep.extend(tensors + [bias])
     weight, scale, row_sums = tensors
     return Int8Struct(weight.data_ptr(), scale.data_ptr(), row_sums.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                      weight.shape[0], weight.shape[1])
+                      weight.shape[0], weight.shape[1], 0, 0)
 
 
 class NativeForward:

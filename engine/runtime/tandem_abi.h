@@ -12,14 +12,18 @@
 
 #include <stdint.h>
 
-#define TANDEM_ABI_VERSION 3
+#define TANDEM_ABI_VERSION 4
 
+/* A linear layer: int8 (weight, scale, row_sums) or, where `packed` is not NULL, int4 (packed and
+ * group_scales in int4_weights.py's layout; weight, scale and row_sums unused). */
 typedef struct {
     const int8_t *weight;   /* (rows, width) row-major */
     const float *scale;     /* (rows,) */
     const int32_t *row_sums; /* (rows,) */
     const float *bias;      /* (rows,) or NULL */
     int64_t rows, width;
+    const uint8_t *packed;         /* int4: (rows / 16 rounded up, width / 32, 256) */
+    const uint16_t *group_scales;  /* int4: bf16 (rows / 16 rounded up, width / 32, 16) */
 } TandemInt8;
 
 typedef struct {
@@ -52,7 +56,7 @@ typedef struct {
  * TandemInt8, TandemLayer and TandemDecoder; then the offset of each of their fields, struct
  * by struct, in the order they are declared above. Writes at most `count` of them into `out`
  * and returns how many there are (TANDEM_ABI_FIELDS). */
-#define TANDEM_ABI_FIELDS (4 + 6 + 10 + 18)
+#define TANDEM_ABI_FIELDS (4 + 8 + 10 + 18)
 int64_t tandem_abi(int64_t *out, int64_t count);
 
 #endif

@@ -63,8 +63,8 @@ def _weights_in_memory(folder: Path, device: torch.device, precision: str) -> Pr
     except READ_ERRORS as error:
         raise ModelLoadError(f"Could not load the model in {folder}: {error}") from error
     model.eval()
-    if precision == "int8-wo":
-        quantise_weight_only(model)
+    if precision in ("int8-wo", "int4-wo"):
+        quantise_weight_only(model, bits=4 if precision == "int4-wo" else 8)
         if device.type == "cpu":
             # The CPU's int8 matmuls take float32 in and give float32 out (int8_weights.py),
             # and bf16 attention would round a k-token verify differently from a one-token
@@ -77,7 +77,7 @@ def _precision_options(precision: str) -> dict[str, Any]:
     if precision == "int8":
         # bitsandbytes 0.50 runs int8 matmuls on the CPU as well as on CUDA (checked here with the demo model).
         return {"quantization_config": BitsAndBytesConfig(load_in_8bit=True), "dtype": INT8_COMPANION_DTYPE}
-    if precision == "int8-wo":
+    if precision in ("int8-wo", "int4-wo"):
         return {"dtype": torch.bfloat16}  # quantised after loading (`quantise_weight_only`)
     return {"dtype": FLOAT_DTYPES[precision]}
 

@@ -41,6 +41,13 @@ def test_an_int8_llama_on_the_cpu_runs_natively_where_the_kernel_builds():
 
 
 @kernel_builds
+def test_an_int4_llama_on_the_cpu_runs_natively_and_names_its_precision():
+    plan = plan_forward(quantise_weight_only(tiny_llama(seed=2, vocab_size=64, hidden=64), bits=4), CPU)
+    assert plan.name == NATIVE_NAME and plan.engines == {NATIVE}
+    assert plan.precision == "int4-wo"
+
+
+@kernel_builds
 @pytest.mark.parametrize(("bf16", "said"), [(True, "attention and its KV cache in bf16"),
                                             (False, "float32 between the products")])
 def test_the_native_plan_says_what_its_build_computes_attention_in(bf16, said, monkeypatch):

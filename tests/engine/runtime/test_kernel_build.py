@@ -113,7 +113,7 @@ def test_each_library_reports_the_abi_of_the_python_structs(built, variant):
     header = (ROOT / "engine" / "runtime" / "tandem_abi.h").read_text()
     assert f"#define TANDEM_ABI_VERSION {kernel_abi.ABI_VERSION}\n" in header
     expected = kernel_abi.expected_abi()
-    assert len(expected) == 4 + 6 + 10 + 18  # the version, 3 sizes, every field of the 3 structs
+    assert len(expected) == 4 + 8 + 10 + 18  # the version, 3 sizes, every field of the 3 structs
     assert kernel_abi.reported_abi(library) == [value for _, value in expected]
     assert kernel_abi.mismatch(library) is None
 
@@ -143,7 +143,8 @@ def test_a_library_whose_structs_differ_is_refused_saying_what_differs_and_torch
     sources = tmp_path / "sources"
     sources.mkdir()
     portable = VARIANTS[-1]
-    for path in (portable.source, kernel_build.DECODER_SOURCE, kernel_build.SIMD_HEADER, kernel_build.ABI_HEADER):
+    for path in (portable.source, kernel_build.DECODER_SOURCE, kernel_build.INT4_SOURCE, kernel_build.SIMD_HEADER,
+                 kernel_build.ABI_HEADER):
         shutil.copy(path, sources / path.name)
     header = sources / kernel_build.ABI_HEADER.name
     assert before in header.read_text()
@@ -151,7 +152,8 @@ def test_a_library_whose_structs_differ_is_refused_saying_what_differs_and_torch
     # built where the runtime looks for its prebuilt library, under the name of these sources'
     prebuilt = tmp_path / "built"
     kernel_build.compile_library(portable, prebuilt / kernel_build.library_name(portable),
-                                 sources=(sources / portable.source.name, sources / kernel_build.DECODER_SOURCE.name))
+                                 sources=(sources / portable.source.name, sources / kernel_build.DECODER_SOURCE.name,
+                                          sources / kernel_build.INT4_SOURCE.name))
     monkeypatch.setattr(int8_kernel, "PREBUILT_DIR", prebuilt)
     monkeypatch.setattr(int8_kernel, "cpu_flags", lambda: portable.needs)
     monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))  # and no compiler to build a good one

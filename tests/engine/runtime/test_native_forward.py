@@ -17,6 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from engine.runtime import int8_kernel
 from engine.runtime.cpu import cpu_flags
+from engine.runtime.int4_weights import Int4Linear
 from engine.runtime.int8_weights import quantise_weight_only
 from engine.runtime.forward_plan import ForwardSettings, plan_forward
 from engine.runtime.native_forward import NATIVE_NAME, NativeForward, refusal
@@ -46,6 +47,7 @@ RELATIVE = 2e-4
 # The AVX-512 BF16 build rounds the attention's queries, keys, values and weights to bf16 (8
 # significant bits): measured within 4e-3 of the largest logit on these models.
 BF16_RELATIVE = 1e-2
+INT4_RELATIVE = 6e-2  # test_an_int4_model_runs_natively_and_gives_the_torch_logits says why
 SHAPE = {
     "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
     "num_key_value_heads": 2, "max_position_embeddings": 512, "tie_word_embeddings": False, "initializer_range": 0.1,
@@ -68,13 +70,14 @@ MODELS = {
 }
 
 
-def int8_model(kind: str, seed: int) -> torch.nn.Module:
+def int8_model(kind: str, seed: int, bits: int = 8) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return quantised(MODELS[kind]())
+    return quantised(MODELS[kind](), bits)
 
 
-def quantised(model: torch.nn.Module) -> torch.nn.Module:
-    """`model` with random norms and biases and sharp logits, its weights in int8."""
+def quantised(model: torch.nn.Module, bits: int = 8) -> torch.nn.Module:
+    """`model` with random norms and biases and sharp logits, its weights in int8 (or int4:
+    int4_weights.py)."""
     model = model.eval()
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -83,7 +86,7 @@ def quantised(model: torch.nn.Module) -> torch.nn.Module:
             elif name.endswith("bias"):
                 parameter.normal_(0.0, 0.3)
         model.lm_head.weight.mul_(10.0)  # sharp logits, far from uniform
-    return quantise_weight_only(model)
+    return quantise_weight_only(model, bits)
 
 
 def pair_of_runtimes(model, **options) -> tuple[StaticTorchRuntime, StaticTorchRuntime]:
@@ -114,6 +117,42 @@ def test_native_forward_gives_the_torch_logits_through_chains_trees_and_kept_pat
     context = [rng.randrange(VOCAB) for _ in range(rng.randrange(3, 12))]
     assert close(*[runtime.forward(context, logits_wanted=3) for runtime in runtimes])
     converse(rng, runtimes, context, rounds=6, same=close)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "llama-18-wide-heads"])
+def test_an_int4_model_runs_natively_and_gives_the_torch_logits(kind, each_build):
+    """int4 projections (int4_weights.py; heads of 18 leave o_proj's 72 inputs in int8, and
+    q's 72 rows join k and v by a copy, not in whole blocks of 16). An int4 layer rounds its
+    input to int8 once per group of 32 (an int8 layer twice, to ~1/127² of its largest), so a
+    difference in the last bit of the attention's sums (summed in another order here, or in bf16)
+    can move a level, and a level moves the output by ~1/127 of the group's largest input: on
+    these models the logits measured within 3.1e-2 of the largest in every build, where int8's
+    are within 2e-4 (4e-3 with bf16 attention). INT4_RELATIVE is twice that; a wrong rotation,
+    mask or cache row is off by whole units."""
+    model = int8_model(kind, 3, bits=4)
+    assert any(isinstance(module, Int4Linear) for module in model.modules())
+
+    def same(native: torch.Tensor, reference: torch.Tensor) -> bool:
+        return native.shape == reference.shape and bool((native - reference).abs().max() <= INT4_RELATIVE * reference.abs().max())
+
+    rng = random.Random(3)
+    runtimes = pair_of_runtimes(model)
+    context = [rng.randrange(VOCAB) for _ in range(rng.randrange(3, 12))]
+    assert same(*[runtime.forward(context, logits_wanted=3) for runtime in runtimes])
+    converse(rng, runtimes, context, rounds=6, same=same)
+
+
+def test_an_int4_verify_gives_each_token_the_bits_its_steps_give_it(each_build):
+    model = int8_model("llama", 12, bits=4)
+    rng = random.Random(12)
+    prompt = [rng.randrange(VOCAB) for _ in range(RANGE + 22)]
+    following = [rng.randrange(VOCAB) for _ in range(9)]
+    verifying, stepping = (StaticTorchRuntime(model, torch.device("cpu"), CAPACITY) for _ in range(2))
+    for runtime in (verifying, stepping):
+        runtime.forward(prompt, logits_wanted=1)
+    verified = verifying.forward(following, logits_wanted=len(following))
+    stepped = torch.cat([stepping.forward([token]) for token in following])
+    assert verifying.native is not None and torch.equal(verified, stepped)
 
 
 def test_prompts_run_natively_in_pieces_of_64(monkeypatch):
@@ -204,6 +243,10 @@ def test_what_does_not_run_natively_says_why():
     bf16 = quantise_weight_only(LlamaForCausalLM(LlamaConfig(**SHAPE)).eval().to(torch.bfloat16))
     assert "float32" in refusal(bf16, cpu)
     assert refusal(int8_model("llama", 0), cpu) is None
+    int4 = int8_model("llama", 0, bits=4)
+    assert refusal(int4, cpu) is None
+    int4.model.layers[1].self_attn.k_proj = int8_model("llama", 0).model.layers[1].self_attn.k_proj
+    assert "all int8 or all int4" in refusal(int4, cpu)
 
 
 def test_a_native_model_is_not_compiled_and_is_named_so(monkeypatch):

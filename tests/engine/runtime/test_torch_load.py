@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 import tqdm.auto as tqdm_auto
 import tqdm.std as tqdm_std
 from tqdm._monitor import TMonitor
@@ -50,3 +51,15 @@ def _end_progress_bar_threads() -> None:
             thread.exit()
     for bar in (tqdm_std.tqdm, tqdm_auto.tqdm):  # each tqdm class keeps its own monitor
         bar.monitor = None
+
+
+def test_the_int4_precision_loads_int4_projections_and_an_int8_head(tiny_folder):
+    from engine.runtime.int4_weights import Int4Linear
+    from engine.runtime.int8_weights import Int8Embedding, Int8Linear
+
+    loaded = load_model(ModelSpec(str(tiny_folder), precision="int4-wo", device="cpu"), runtime="torch")
+    model = loaded.model
+    projections = [module for layer in model.model.layers for module in layer.modules() if isinstance(module, Int4Linear)]
+    assert len(projections) == 7 * len(model.model.layers)
+    assert isinstance(model.lm_head, Int8Linear) and isinstance(model.model.embed_tokens, Int8Embedding)
+    assert model.dtype == torch.float32

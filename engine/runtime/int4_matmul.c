@@ -1,0 +1,259 @@
+/* The int4 layers' product for a few float rows (engine/runtime/int4_weights.py, whose torch
+ * version is the reference, holds the layout and says why the format exists): each row rounded
+ * to int8 per group of 32 inputs, times the 4-bit weight with int32 sums per group, each
+ * group's sum scaled by the weight's and the row's scales of that group and added up in float32.
+ * Built into every variant's library; the ISA shows only in `block_outputs` below.
+ *
+ * Why it is shaped this way:
+ * - A step of a 1-8B model on a CPU is bound by reading its weights: at 4 bits and a bf16 scale
+ *   per 32 (4.5 bits a weight) it reads 0.56x the bytes of the int8 layers, about what a Q4_0 or
+ *   Q4_K_M file makes llama.cpp read.
+ * - The weight is packed 16 rows a block, each 32-bit lane one row's 4 inputs in a row (a
+ *   nibble each), so VPDPBUSD adds 4 products into each of 16 rows' sums at once, the
+ *   activations' 4 bytes broadcast to every lane. The sums come out a row a lane: no horizontal
+ *   sums at all (the int8 kernel needs a shuffle tree for them).
+ * - Nibbles are unsigned (level + 8) and the activations signed: VPDPBUSD multiplies unsigned by
+ *   signed bytes, and the shift comes back as 8 x the group's sum of activation levels, one
+ *   number per token and group, not per row.
+ * - One group's weights are unpacked once and used for every token of the call, so a verify of
+ *   8 tokens unpacks them once, not 8 times.
+ * - Each token's sum adds its groups in order, one float multiply and add each (-ffp-contract=off):
+ *   a token's output is the same bits whatever else is in the call, and in every build. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#define GROUP 32        /* inputs per scale */
+#define BLOCK_ROWS 16   /* weight rows packed together */
+#define GROUP_BYTES 256 /* one block's group: 16 rows x 32 nibbles */
+
+/* A bf16 scale as float32 (exact: bf16 is float32's top half). */
+static inline float bf16_to_float(uint16_t bits) {
+    uint32_t wide = (uint32_t)bits << 16;
+    float value;
+    memcpy(&value, &wide, sizeof value);
+    return value;
+}
+
+/* Row x (k floats) rounded per group: levels in [-127, 127], the group's scale (its largest
+ * |value| / 127, at least 1e-30, NaN where a value is NaN) and 8 x the levels' sum. The same
+ * float32 operations as int4_weights.round_groups: times the scale's reciprocal, rounded half to
+ * even. */
+static void round_groups(const float *x, int64_t k, int8_t *levels, float *scales, int32_t *shifts) {
+    for (int64_t g = 0; g < k / GROUP; g++) {
+        const float *values = x + g * GROUP;
+        float largest = 0.0f;
+        int any_nan = 0;
+        for (int i = 0; i < GROUP; i++) {
+            any_nan |= isnan(values[i]);
+            float size = fabsf(values[i]);
+            largest = size > largest ? size : largest;
+        }
+        float scale = (largest < 1e-30f ? 1e-30f : largest) / 127.0f, inverse = 1.0f / scale;
+        int32_t sum = 0;
+        for (int i = 0; i < GROUP; i++) {
+            int level = any_nan ? 0 : (int)nearbyintf(values[i] * inverse);
+            levels[g * GROUP + i] = (int8_t)level;
+            sum += level;
+        }
+        scales[g] = any_nan ? NAN : scale;
+        shifts[g] = 8 * sum;
+    }
+}
+
+/* The outputs of one block (16 rows) for `count` tokens (levels, scales and shifts from the
+ * first of them), into out + t * n (the block's first row), `lanes` of them (a short last
+ * block writes fewer), plus bias where it is not NULL: group by group, each token's sums less
+ * its shift, times (weight scale x activation scale), added to its running total. */
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#define TILE 8 /* tokens whose totals stay in registers: 8 + 8 weight vectors + a few */
+
+static inline __attribute__((always_inline)) void block_tile(const uint8_t *packed, const uint16_t *group_scales,
+                                                             const int8_t *levels, const float *scales, const int32_t *shifts,
+                                                             int64_t groups, int64_t k, const int count, float *out, int64_t n,
+                                                             __mmask16 lanes, const float *bias) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    __m512 total[TILE];
+    for (int t = 0; t < count; t++) total[t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        const uint8_t *bytes = packed + g * GROUP_BYTES;
+        __m512i quads[8]; /* quad q: inputs 4q..4q+3 of each row, a lane a row */
+        for (int v = 0; v < 4; v++) {
+            __m512i vector = _mm512_loadu_si512(bytes + 64 * v);
+            quads[2 * v] = _mm512_and_si512(vector, low);
+            quads[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(vector, 4), low);
+        }
+        /* the 16 bf16 scales as float32: bf16 is float32's top half */
+        __m512 weight_scale = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(group_scales + g * BLOCK_ROWS))), 16));
+        for (int t = 0; t < count; t++) {
+            const int8_t *mine = levels + t * k + g * GROUP;
+            /* two chains of 4, not one of 8: a step waits on each VPDPBUSD's latency */
+            __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+            for (int q = 0; q < 8; q += 2) {
+                int32_t four[2];
+                memcpy(four, mine + 4 * q, 8);
+                even = _mm512_dpbusd_epi32(even, quads[q], _mm512_set1_epi32(four[0]));
+                odd = _mm512_dpbusd_epi32(odd, quads[q + 1], _mm512_set1_epi32(four[1]));
+            }
+            __m512i sums = _mm512_sub_epi32(_mm512_add_epi32(even, odd), _mm512_set1_epi32(shifts[t * groups + g]));
+            __m512 scale = _mm512_mul_ps(weight_scale, _mm512_set1_ps(scales[t * groups + g]));
+            total[t] = _mm512_add_ps(total[t], _mm512_mul_ps(_mm512_cvtepi32_ps(sums), scale));
+        }
+    }
+    for (int t = 0; t < count; t++) {
+        __m512 result = bias != NULL ? _mm512_add_ps(total[t], _mm512_maskz_loadu_ps(lanes, bias)) : total[t];
+        _mm512_mask_storeu_ps(out + t * n, lanes, result);
+    }
+}
+
+static void block_outputs(const uint8_t *packed, const uint16_t *group_scales, const int8_t *levels, const float *scales,
+                          const int32_t *shifts, int64_t m, int64_t k, float *out, int64_t n, int64_t rows, const float *bias) {
+    int64_t groups = k / GROUP;
+    __mmask16 lanes = (__mmask16)((1u << rows) - 1);
+    for (int64_t first = 0; first < m; first += TILE) {
+        int count = m - first < TILE ? (int)(m - first) : TILE;
+        const int8_t *tile_levels = levels + first * k;
+        const float *tile_scales = scales + first * groups;
+        const int32_t *tile_shifts = shifts + first * groups;
+        float *tile_out = out + first * n;
+        /* a constant count each: the totals stay in registers */
+#define TILE_OF(c) block_tile(packed, group_scales, tile_levels, tile_scales, tile_shifts, groups, k, c, tile_out, n, lanes, bias)
+        switch (count) {
+        case 1: TILE_OF(1); break;
+        case 2: TILE_OF(2); break;
+        case 3: TILE_OF(3); break;
+        case 4: TILE_OF(4); break;
+        case 5: TILE_OF(5); break;
+        case 6: TILE_OF(6); break;
+        case 7: TILE_OF(7); break;
+        default: TILE_OF(8); break;
+        }
+#undef TILE_OF
+    }
+}
+#else
+/* sums[t][r] (r < 16) = the integer product of token t's levels in one group with the block's
+ * group: sum over the 32 inputs of nibble x level (the +8 shift not yet taken back). */
+#if defined(__AVX2__)
+/* rows 0-7 from the first 32 bytes of each 64, rows 8-15 from the second */
+static inline __m256i dot_quads(const __m256i quads[8], const int8_t *mine) {
+#ifdef __AVXVNNI__
+    __m256i acc = _mm256_setzero_si256();
+    for (int q = 0; q < 8; q++) {
+        int32_t four;
+        memcpy(&four, mine + 4 * q, 4);
+        acc = _mm256_dpbusd_avx_epi32(acc, quads[q], _mm256_set1_epi32(four));
+    }
+    return acc;
+#else
+    /* pairs of products into int16 (at most 2 x 15 x 127), 8 quads' pairs added in int16 (at
+     * most 30,480: no saturation), then the pairs into int32 */
+    __m256i pairs = _mm256_setzero_si256();
+    for (int q = 0; q < 8; q++) {
+        int32_t four;
+        memcpy(&four, mine + 4 * q, 4);
+        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(quads[q], _mm256_set1_epi32(four)));
+    }
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+#endif
+}
+
+static void block_sums(const uint8_t *packed, const int8_t *levels, int64_t k, int64_t m, int32_t (*sums)[BLOCK_ROWS]) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int half = 0; half < 2; half++) {
+        __m256i quads[8];
+        for (int v = 0; v < 4; v++) {
+            __m256i bytes = _mm256_loadu_si256((const __m256i *)(packed + 64 * v + 32 * half));
+            quads[2 * v] = _mm256_and_si256(bytes, low);
+            quads[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+        }
+        for (int64_t t = 0; t < m; t++)
+            _mm256_storeu_si256((__m256i *)(sums[t] + 8 * half), dot_quads(quads, levels + t * k));
+    }
+}
+#else
+static void block_sums(const uint8_t *packed, const int8_t *levels, int64_t k, int64_t m, int32_t (*sums)[BLOCK_ROWS]) {
+    for (int64_t t = 0; t < m; t++) {
+        const int8_t *mine = levels + t * k;
+        for (int r = 0; r < BLOCK_ROWS; r++) {
+            int32_t sum = 0;
+            for (int v = 0; v < 4; v++)
+                for (int i = 0; i < 4; i++) {
+                    uint8_t byte = packed[64 * v + 4 * r + i];
+                    sum += (byte & 0x0F) * mine[8 * v + i] + (byte >> 4) * mine[8 * v + 4 + i];
+                }
+            sums[t][r] = sum;
+        }
+    }
+}
+#endif
+
+#define TILE 8 /* tokens a block's group is unpacked for at a time */
+
+static void block_outputs(const uint8_t *packed, const uint16_t *group_scales, const int8_t *levels, const float *scales,
+                          const int32_t *shifts, int64_t m, int64_t k, float *out, int64_t n, int64_t rows, const float *bias) {
+    int64_t groups = k / GROUP;
+    float total[TILE][BLOCK_ROWS];
+    int32_t sums[TILE][BLOCK_ROWS];
+    for (int64_t first = 0; first < m; first += TILE) {
+        int64_t count = m - first < TILE ? m - first : TILE;
+        for (int64_t t = 0; t < count; t++)
+            for (int r = 0; r < BLOCK_ROWS; r++) total[t][r] = 0.0f;
+        for (int64_t g = 0; g < groups; g++) {
+            block_sums(packed + g * GROUP_BYTES, levels + first * k + g * GROUP, k, count, sums);
+            float weight_scale[BLOCK_ROWS];
+            for (int r = 0; r < BLOCK_ROWS; r++) weight_scale[r] = bf16_to_float(group_scales[g * BLOCK_ROWS + r]);
+            for (int64_t t = 0; t < count; t++) {
+                float scale = scales[(first + t) * groups + g];
+                int32_t shift = shifts[(first + t) * groups + g];
+                for (int r = 0; r < BLOCK_ROWS; r++)
+                    total[t][r] = total[t][r] + (float)(sums[t][r] - shift) * (weight_scale[r] * scale);
+            }
+        }
+        for (int64_t t = 0; t < count; t++)
+            for (int64_t r = 0; r < rows; r++)
+                out[(first + t) * n + r] = bias != NULL ? total[t][r] + bias[r] : total[t][r];
+    }
+}
+#endif
+
+/* out (m, n) float32 = the float rows x (m, k), rounded per group, times the int4 weight
+ * (int4_weights.py's packed layout: n rows in blocks of 16, k a multiple of 32), plus bias[j]
+ * for output j where bias is not NULL. Where `prepare` is not NULL, prepare(context, i) first
+ * writes row i of x (tandem_int8_linear's hook, for the decoder forward). Returns 0, -1 where
+ * memory could not be had, -2 where k is not whole groups. */
+int tandem_int4_linear(const float *x, int64_t m, int64_t k, const uint8_t *packed, const uint16_t *group_scales,
+                       int64_t n, const float *bias, float *out, void (*prepare)(const void *context, int64_t row),
+                       const void *context, int threads) {
+    if (k % GROUP != 0) return -2;
+    int64_t groups = k / GROUP, blocks = (n + BLOCK_ROWS - 1) / BLOCK_ROWS;
+    int8_t *levels = malloc((size_t)(m * k));
+    float *scales = malloc(sizeof(float) * m * groups);
+    int32_t *shifts = malloc(sizeof(int32_t) * m * groups);
+    if (levels == NULL || scales == NULL || shifts == NULL) {
+        free(levels), free(scales), free(shifts);
+        return -1;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < m; i++) {
+            if (prepare != NULL) prepare(context, i);
+            round_groups(x + i * k, k, levels + i * k, scales + i * groups, shifts + i * groups);
+        }
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b++) {
+            int64_t first = b * BLOCK_ROWS, rows = n - first < BLOCK_ROWS ? n - first : BLOCK_ROWS;
+            block_outputs(packed + b * groups * GROUP_BYTES, group_scales + b * groups * BLOCK_ROWS, levels, scales, shifts, m, k,
+                          out + first, n, rows, bias != NULL ? bias + first : NULL);
+        }
+    }
+    free(levels), free(scales), free(shifts);
+    return 0;
+}

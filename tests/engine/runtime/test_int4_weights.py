@@ -1,0 +1,174 @@
+"""The int4 layers (int4_weights.py): Q4_0's rounding, the packed layout the C code reads, and
+the kernel's floats, which are the torch reference's to the bit in every build this CPU runs."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from engine.runtime import int4_weights, int8_kernel
+from engine.runtime.int4_weights import GROUP, Int4Linear, join_rows, pack, quantise_groups, reference_product, unpack
+from tests.engine.runtime.test_int8_kernel import CAN_BUILD, NO_KERNEL, activations, each_variant, fresh_kernel  # noqa: F401
+
+
+def random_weight(rows: int, width: int, seed: int) -> torch.Tensor:
+    return torch.randn(rows, width, generator=torch.Generator().manual_seed(seed)) * 0.05
+
+
+def test_each_group_puts_its_largest_weight_at_level_minus_8_and_rounds_the_rest_at_the_bf16_scale():
+    weight = random_weight(5, 96, seed=1)
+    levels, scales = quantise_groups(weight)
+    assert levels.dtype == torch.int8 and int(levels.min()) >= -8 and int(levels.max()) <= 7
+    assert scales.dtype == torch.bfloat16 and scales.shape == (5, 3)
+    groups = weight.reshape(5, 3, GROUP)
+    biggest = groups.abs().argmax(dim=2)
+    assert (levels.reshape(5, 3, GROUP).gather(2, biggest[..., None]) == -8).all()
+    rebuilt = levels.float().reshape(5, 3, GROUP) * scales.float()[..., None]
+    # within half a level of the weight at the rounded scale; a level clamped at 7 (a weight of
+    # the other sign up to 8 levels out) within one
+    error, level = (rebuilt - groups).abs(), scales.float().abs()[..., None]
+    clamped = levels.reshape(5, 3, GROUP) == 7
+    assert (error[~clamped] <= (level / 2 * (1 + 1e-6)).expand_as(error)[~clamped]).all()
+    assert (error <= level * (1 + 1e-6)).all()
+
+
+def test_a_group_of_zeros_has_level_zero_and_a_width_outside_whole_groups_is_refused():
+    weight = random_weight(3, 64, seed=2)
+    weight[1, :GROUP] = 0
+    levels, scales = quantise_groups(weight)
+    assert (levels[1, :GROUP] == 0).all() and float(scales[1, 0]) == 0.0
+    with pytest.raises(ValueError, match="whole groups of 32"):
+        quantise_groups(random_weight(3, 48, seed=3))
+
+
+@pytest.mark.parametrize("rows", [1, 16, 37])
+def test_the_packed_layout_holds_each_row_and_input_where_the_kernel_reads_it(rows):
+    levels, scales = quantise_groups(random_weight(rows, 64, seed=rows))
+    packed, packed_scales = pack(levels, scales)
+    blocks = -(-rows // 16)
+    assert packed.shape == (blocks, 2, 4, 16, 4) and packed.dtype == torch.uint8
+    # spot checks against the module docstring: row 16b + r, input 32g + 8v + i (low), + 4 (high)
+    for row, column in [(0, 0), (rows - 1, 63), (rows // 2, 37), (rows - 1, 4)]:
+        b, r, g = row // 16, row % 16, column // GROUP
+        v, within = (column % GROUP) // 8, column % 8
+        byte = int(packed[b, g, v, r, within % 4])
+        nibble = byte & 0x0F if within < 4 else byte >> 4
+        assert nibble == int(levels[row, column]) + 8
+        assert packed_scales[b, g, r].view(torch.bfloat16) == scales[row, g]
+    back_levels, back_scales = unpack(packed, packed_scales, rows)
+    assert torch.equal(back_levels, levels) and torch.equal(back_scales, scales)
+
+
+def test_the_product_is_near_the_float_product_of_the_rounded_weight():
+    layer = nn.Linear(256, 40, bias=False)
+    x = activations(3, 256, seed=4)
+    levels, scales = quantise_groups(layer.weight)
+    weight = (levels.float().reshape(40, -1, GROUP) * scales.float()[..., None]).reshape(40, 256)
+    exact = x @ weight.T
+    product = reference_product(x, levels, scales)
+    # only the activations' rounding (8 bits per group) lies between them
+    assert float((product - exact).abs().max()) < 0.02 * float(exact.abs().max())
+
+
+def with_kernel(x: torch.Tensor, layer: Int4Linear) -> torch.Tensor:
+    return int8_kernel.int4_product(x, layer)
+
+
+@pytest.mark.parametrize("count, width, rows", [(1, 64, 16), (1, 256, 40), (3, 96, 17), (8, 512, 64), (64, 128, 33), (9, 2048, 48)])
+def test_the_kernel_gives_the_references_floats_in_every_build(each_variant, count, width, rows):  # noqa: F811
+    layer = Int4Linear.from_linear(nn.Linear(width, rows, bias=False))
+    x = activations(count, width, seed=count + width)
+    assert torch.equal(with_kernel(x, layer), reference_product(x, *layer.levels_and_scales()))
+
+
+def test_a_row_is_the_same_floats_alone_or_in_a_batch(each_variant):  # noqa: F811
+    layer = Int4Linear.from_linear(nn.Linear(320, 50, bias=False))
+    batch = activations(12, 320, seed=5)
+    together = with_kernel(batch, layer)
+    for row in range(12):
+        assert torch.equal(with_kernel(batch[row:row + 1], layer)[0], together[row])
+
+
+def test_rows_of_zeros_and_a_nan_come_out_as_the_reference_gives_them(each_variant):  # noqa: F811
+    layer = Int4Linear.from_linear(nn.Linear(64, 20, bias=False))
+    x = activations(3, 64, seed=6)
+    x[0] = 0
+    x[1, 40] = float("nan")
+    got, expected = with_kernel(x, layer), reference_product(x, *layer.levels_and_scales())
+    assert torch.equal(got[0], expected[0]) and bool((got[0] == 0).all())
+    assert bool(got[1].isnan().all()) and bool(expected[1].isnan().all())
+    assert torch.equal(got[2], expected[2])
+
+
+@pytest.mark.skipif(not CAN_BUILD, reason=NO_KERNEL)
+def test_the_layer_adds_its_bias_and_keeps_the_input_dtype():
+    linear = nn.Linear(64, 24)
+    layer = Int4Linear.from_linear(linear)
+    x = activations(2, 64, seed=7)
+    expected = reference_product(x, *layer.levels_and_scales()) + linear.bias.detach()
+    assert torch.equal(layer(x), expected)
+    assert layer(x.to(torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_without_the_kernel_the_layer_gives_the_same_floats(monkeypatch):
+    layer = Int4Linear.from_linear(nn.Linear(128, 24, bias=False))
+    x = activations(2, 128, seed=8)
+    with_library = layer(x)
+    monkeypatch.setattr(int8_kernel, "_tried", True)
+    monkeypatch.setattr(int8_kernel, "_library", None)
+    assert torch.equal(layer(x), with_library)
+
+
+@pytest.mark.parametrize("sizes", [(32, 16, 16), (20, 12, 12)])
+def test_joined_layers_give_their_parts_outputs_side_by_side(sizes):
+    parts = [Int4Linear.from_linear(nn.Linear(96, size, bias=True)) for size in sizes]
+    x = activations(3, 96, seed=9)
+    apart = torch.cat([part(x) for part in parts], dim=1)
+    joined = join_rows(parts)
+    assert torch.equal(joined(x), apart)
+    assert torch.equal(torch.cat([part(x) for part in parts], dim=1), apart)  # the parts still run alone
+    if all(size % 16 == 0 for size in sizes):  # whole blocks: the parts are views of the joined weight
+        assert parts[0].packed.data_ptr() == joined.packed.data_ptr()
+        assert join_rows(parts).packed.data_ptr() == joined.packed.data_ptr()  # and a second join shares it
+
+
+def test_four_and_a_half_bits_a_weight():
+    layer = Int4Linear.from_linear(nn.Linear(4096, 4096, bias=False))
+    bits = (layer.packed.numel() + 2 * layer.scales.numel()) * 8 / (4096 * 4096)
+    assert bits == 4.5
+    assert int4_weights.BLOCK_ROWS == 16
+
+
+def test_a_model_at_four_bits_keeps_its_head_and_embedding_at_eight_and_odd_widths_too():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from engine.runtime.int8_weights import Int8Embedding, Int8Linear, quantise_weight_only
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=80, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, tie_word_embeddings=True)
+    model = quantise_weight_only(LlamaForCausalLM(config).eval(), bits=4)
+    layer = model.model.layers[0]
+    assert isinstance(layer.self_attn.q_proj, Int4Linear) and isinstance(layer.mlp.gate_proj, Int4Linear)
+    assert isinstance(layer.mlp.down_proj, Int8Linear)  # 80 inputs: not whole groups of 32
+    assert isinstance(model.model.embed_tokens, Int8Embedding) and isinstance(model.lm_head, Int8Linear)
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied: one int8 table
+    with pytest.raises(ValueError, match="4 or 8 bits"):
+        quantise_weight_only(LlamaForCausalLM(config).eval(), bits=6)
+
+
+def test_a_layers_output_is_within_q4_0s_rounding_of_the_float_one():
+    """Quality: 16 levels per group of 32 round a uniform weight to ~6.5% of its norm (a level
+    is 1/8 of the group's largest); the output is as far from the float output, the activations'
+    int8 rounding adding next to nothing."""
+    torch.manual_seed(0)
+    linear = nn.Linear(1024, 512, bias=False)
+    x = torch.randn(16, 1024)
+    with torch.no_grad():
+        exact = linear(x)
+        levels, scales = quantise_groups(linear.weight)
+        rebuilt = (levels.float().reshape(512, -1, GROUP) * scales.float()[..., None]).reshape(512, 1024)
+        weight_error = float((rebuilt - linear.weight).norm() / linear.weight.norm())
+        output_error = float((Int4Linear.from_linear(linear)(x) - exact).norm() / exact.norm())
+    assert 0.05 < weight_error < 0.075
+    assert abs(output_error - weight_error) < 0.01
