@@ -8,7 +8,10 @@ is the float32 model's, and the mean KL(float32 || variant) per position.
 
 Variants: int8 weights with float32 activations (a float matmul over the int8 rows); the
 same weights with the activations rounded to int8 once per token; rounded in two levels, as
-`Int8Linear` does on the CPU; and bf16 for scale.
+`Int8Linear` does on the CPU; int4-wo (int4_weights.py: 4-bit weights per group of 32, the
+activations rounded once per group); and bf16 for scale. (The demo target's own weights come
+from a Q4_1 file: 4-bit already, in groups of 32 with a minimum each, so int4-wo rounds them a
+second time, onto other levels.)
 """
 from __future__ import annotations
 
@@ -67,6 +70,7 @@ def main() -> None:
         int8_weights.Int8Linear.forward = forward
         report(name, quantised)
     int8_weights.Int8Linear.forward = shipped
+    report("int4-wo (4-bit weights, groups of 32)", quantise_weight_only(copy.deepcopy(reference), bits=4))
     report("bf16", copy.deepcopy(reference).to(torch.bfloat16))
 
 

@@ -1,19 +1,20 @@
 /* The int4 layers' product for a few float rows (engine/runtime/int4_weights.py, whose torch
  * version is the reference, holds the layout and says why the format exists): each row rounded
- * to int8 per group of 32 inputs, times the 4-bit weight with int32 sums per group, each
- * group's sum scaled by the weight's and the row's scales of that group and added up in float32.
+ * to int8 per group of 32 inputs, times the 4-bit weight levels with int32 sums per group; each
+ * group's sum scaled by the weight's and the row's scales of that group, plus the weight's
+ * minimum times the row's scale and level sum, added up in float32.
  * Built into every variant's library; the ISA shows only in `block_outputs` below.
  *
  * Why it is shaped this way:
  * - A step of a 1-8B model on a CPU is bound by reading its weights: at 4 bits and a bf16 scale
- *   per 32 (4.5 bits a weight) it reads 0.56x the bytes of the int8 layers, about what a Q4_0 or
- *   Q4_K_M file makes llama.cpp read.
+ *   and minimum per 32 (5 bits a weight) it reads 0.63x the bytes of the int8 layers, about what
+ *   a Q4_K_M file (4.85) makes llama.cpp read.
  * - The weight is packed 16 rows a block, each 32-bit lane one row's 4 inputs in a row (a
  *   nibble each), so VPDPBUSD adds 4 products into each of 16 rows' sums at once, the
  *   activations' 4 bytes broadcast to every lane. The sums come out a row a lane: no horizontal
  *   sums at all (the int8 kernel needs a shuffle tree for them).
- * - Nibbles are unsigned (level + 8) and the activations signed: VPDPBUSD multiplies unsigned by
- *   signed bytes, and the shift comes back as 8 x the group's sum of activation levels, one
+ * - The levels are unsigned (0-15, from the group's minimum up) and the activations signed, as
+ *   VPDPBUSD multiplies them. The minimum's part needs the activations' level sum only, one
  *   number per token and group, not per row.
  * - One group's weights are unpacked once and used for every token of the call, so a verify of
  *   8 tokens unpacks them once, not 8 times.
@@ -41,10 +42,10 @@ static inline float bf16_to_float(uint16_t bits) {
 }
 
 /* Row x (k floats) rounded per group: levels in [-127, 127], the group's scale (its largest
- * |value| / 127, at least 1e-30, NaN where a value is NaN) and 8 x the levels' sum. The same
- * float32 operations as int4_weights.round_groups: times the scale's reciprocal, rounded half to
- * even. */
-static void round_groups(const float *x, int64_t k, int8_t *levels, float *scales, int32_t *shifts) {
+ * |value| / 127, at least 1e-30, NaN where a value is NaN) and the scale times the levels' sum.
+ * The same float32 operations as int4_weights.round_groups: times the scale's reciprocal,
+ * rounded half to even. */
+static void round_groups(const float *x, int64_t k, int8_t *levels, float *scales, float *scaled_sums) {
     for (int64_t g = 0; g < k / GROUP; g++) {
         const float *values = x + g * GROUP;
         float largest = 0.0f;
@@ -62,19 +63,20 @@ static void round_groups(const float *x, int64_t k, int8_t *levels, float *scale
             sum += level;
         }
         scales[g] = any_nan ? NAN : scale;
-        shifts[g] = 8 * sum;
+        scaled_sums[g] = scales[g] * (float)sum;
     }
 }
 
-/* The outputs of one block (16 rows) for `count` tokens (levels, scales and shifts from the
+/* The outputs of one block (16 rows) for `count` tokens (levels, scales and scaled sums from the
  * first of them), into out + t * n (the block's first row), `lanes` of them (a short last
- * block writes fewer), plus bias where it is not NULL: group by group, each token's sums less
- * its shift, times (weight scale x activation scale), added to its running total. */
+ * block writes fewer), plus bias where it is not NULL: group by group, each token's sums times
+ * (weight scale x activation scale), plus weight minimum x (activation scale x level sum),
+ * added to its running total. group_scales: per group, the 16 rows' scales, then their minimums. */
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 #define TILE 8 /* tokens whose totals stay in registers: 8 + 8 weight vectors + a few */
 
 static inline __attribute__((always_inline)) void block_tile(const uint8_t *packed, const uint16_t *group_scales,
-                                                             const int8_t *levels, const float *scales, const int32_t *shifts,
+                                                             const int8_t *levels, const float *scales, const float *scaled_sums,
                                                              int64_t groups, int64_t k, const int count, float *out, int64_t n,
                                                              __mmask16 lanes, const float *bias) {
     const __m512i low = _mm512_set1_epi8(0x0F);
@@ -88,9 +90,11 @@ static inline __attribute__((always_inline)) void block_tile(const uint8_t *pack
             quads[2 * v] = _mm512_and_si512(vector, low);
             quads[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(vector, 4), low);
         }
-        /* the 16 bf16 scales as float32: bf16 is float32's top half */
-        __m512 weight_scale = _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(group_scales + g * BLOCK_ROWS))), 16));
+        /* the 16 bf16 scales and minimums as float32: bf16 is float32's top half */
+        const uint16_t *pair = group_scales + g * 2 * BLOCK_ROWS;
+        __m512 weight_scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)pair)), 16));
+        __m512 weight_minimum = _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(pair + BLOCK_ROWS))), 16));
         for (int t = 0; t < count; t++) {
             const int8_t *mine = levels + t * k + g * GROUP;
             /* two chains of 4, not one of 8: a step waits on each VPDPBUSD's latency */
@@ -101,9 +105,10 @@ static inline __attribute__((always_inline)) void block_tile(const uint8_t *pack
                 even = _mm512_dpbusd_epi32(even, quads[q], _mm512_set1_epi32(four[0]));
                 odd = _mm512_dpbusd_epi32(odd, quads[q + 1], _mm512_set1_epi32(four[1]));
             }
-            __m512i sums = _mm512_sub_epi32(_mm512_add_epi32(even, odd), _mm512_set1_epi32(shifts[t * groups + g]));
             __m512 scale = _mm512_mul_ps(weight_scale, _mm512_set1_ps(scales[t * groups + g]));
-            total[t] = _mm512_add_ps(total[t], _mm512_mul_ps(_mm512_cvtepi32_ps(sums), scale));
+            __m512 part = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(even, odd)), scale);
+            part = _mm512_add_ps(part, _mm512_mul_ps(weight_minimum, _mm512_set1_ps(scaled_sums[t * groups + g])));
+            total[t] = _mm512_add_ps(total[t], part);
         }
     }
     for (int t = 0; t < count; t++) {
@@ -113,17 +118,17 @@ static inline __attribute__((always_inline)) void block_tile(const uint8_t *pack
 }
 
 static void block_outputs(const uint8_t *packed, const uint16_t *group_scales, const int8_t *levels, const float *scales,
-                          const int32_t *shifts, int64_t m, int64_t k, float *out, int64_t n, int64_t rows, const float *bias) {
+                          const float *scaled_sums, int64_t m, int64_t k, float *out, int64_t n, int64_t rows, const float *bias) {
     int64_t groups = k / GROUP;
     __mmask16 lanes = (__mmask16)((1u << rows) - 1);
     for (int64_t first = 0; first < m; first += TILE) {
         int count = m - first < TILE ? (int)(m - first) : TILE;
         const int8_t *tile_levels = levels + first * k;
         const float *tile_scales = scales + first * groups;
-        const int32_t *tile_shifts = shifts + first * groups;
+        const float *tile_sums = scaled_sums + first * groups;
         float *tile_out = out + first * n;
         /* a constant count each: the totals stay in registers */
-#define TILE_OF(c) block_tile(packed, group_scales, tile_levels, tile_scales, tile_shifts, groups, k, c, tile_out, n, lanes, bias)
+#define TILE_OF(c) block_tile(packed, group_scales, tile_levels, tile_scales, tile_sums, groups, k, c, tile_out, n, lanes, bias)
         switch (count) {
         case 1: TILE_OF(1); break;
         case 2: TILE_OF(2); break;
@@ -139,7 +144,7 @@ static void block_outputs(const uint8_t *packed, const uint16_t *group_scales, c
 }
 #else
 /* sums[t][r] (r < 16) = the integer product of token t's levels in one group with the block's
- * group: sum over the 32 inputs of nibble x level (the +8 shift not yet taken back). */
+ * group: sum over the 32 inputs of weight level x activation level. */
 #if defined(__AVX2__)
 /* rows 0-7 from the first 32 bytes of each 64, rows 8-15 from the second */
 static inline __m256i dot_quads(const __m256i quads[8], const int8_t *mine) {
@@ -197,7 +202,7 @@ static void block_sums(const uint8_t *packed, const int8_t *levels, int64_t k, i
 #define TILE 8 /* tokens a block's group is unpacked for at a time */
 
 static void block_outputs(const uint8_t *packed, const uint16_t *group_scales, const int8_t *levels, const float *scales,
-                          const int32_t *shifts, int64_t m, int64_t k, float *out, int64_t n, int64_t rows, const float *bias) {
+                          const float *scaled_sums, int64_t m, int64_t k, float *out, int64_t n, int64_t rows, const float *bias) {
     int64_t groups = k / GROUP;
     float total[TILE][BLOCK_ROWS];
     int32_t sums[TILE][BLOCK_ROWS];
@@ -207,13 +212,18 @@ static void block_outputs(const uint8_t *packed, const uint16_t *group_scales, c
             for (int r = 0; r < BLOCK_ROWS; r++) total[t][r] = 0.0f;
         for (int64_t g = 0; g < groups; g++) {
             block_sums(packed + g * GROUP_BYTES, levels + first * k + g * GROUP, k, count, sums);
-            float weight_scale[BLOCK_ROWS];
-            for (int r = 0; r < BLOCK_ROWS; r++) weight_scale[r] = bf16_to_float(group_scales[g * BLOCK_ROWS + r]);
+            float weight_scale[BLOCK_ROWS], weight_minimum[BLOCK_ROWS];
+            for (int r = 0; r < BLOCK_ROWS; r++) {
+                weight_scale[r] = bf16_to_float(group_scales[g * 2 * BLOCK_ROWS + r]);
+                weight_minimum[r] = bf16_to_float(group_scales[g * 2 * BLOCK_ROWS + BLOCK_ROWS + r]);
+            }
             for (int64_t t = 0; t < count; t++) {
-                float scale = scales[(first + t) * groups + g];
-                int32_t shift = shifts[(first + t) * groups + g];
-                for (int r = 0; r < BLOCK_ROWS; r++)
-                    total[t][r] = total[t][r] + (float)(sums[t][r] - shift) * (weight_scale[r] * scale);
+                float scale = scales[(first + t) * groups + g], scaled_sum = scaled_sums[(first + t) * groups + g];
+                for (int r = 0; r < BLOCK_ROWS; r++) {
+                    float part = (float)sums[t][r] * (weight_scale[r] * scale);
+                    part = part + weight_minimum[r] * scaled_sum;
+                    total[t][r] = total[t][r] + part;
+                }
             }
         }
         for (int64_t t = 0; t < count; t++)
@@ -235,9 +245,9 @@ int tandem_int4_linear(const float *x, int64_t m, int64_t k, const uint8_t *pack
     int64_t groups = k / GROUP, blocks = (n + BLOCK_ROWS - 1) / BLOCK_ROWS;
     int8_t *levels = malloc((size_t)(m * k));
     float *scales = malloc(sizeof(float) * m * groups);
-    int32_t *shifts = malloc(sizeof(int32_t) * m * groups);
-    if (levels == NULL || scales == NULL || shifts == NULL) {
-        free(levels), free(scales), free(shifts);
+    float *scaled_sums = malloc(sizeof(float) * m * groups);
+    if (levels == NULL || scales == NULL || scaled_sums == NULL) {
+        free(levels), free(scales), free(scaled_sums);
         return -1;
     }
 #pragma omp parallel num_threads(threads)
@@ -245,15 +255,15 @@ int tandem_int4_linear(const float *x, int64_t m, int64_t k, const uint8_t *pack
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < m; i++) {
             if (prepare != NULL) prepare(context, i);
-            round_groups(x + i * k, k, levels + i * k, scales + i * groups, shifts + i * groups);
+            round_groups(x + i * k, k, levels + i * k, scales + i * groups, scaled_sums + i * groups);
         }
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; b++) {
             int64_t first = b * BLOCK_ROWS, rows = n - first < BLOCK_ROWS ? n - first : BLOCK_ROWS;
-            block_outputs(packed + b * groups * GROUP_BYTES, group_scales + b * groups * BLOCK_ROWS, levels, scales, shifts, m, k,
+            block_outputs(packed + b * groups * GROUP_BYTES, group_scales + b * groups * 2 * BLOCK_ROWS, levels, scales, scaled_sums, m, k,
                           out + first, n, rows, bias != NULL ? bias + first : NULL);
         }
     }
-    free(levels), free(scales), free(shifts);
+    free(levels), free(scales), free(scaled_sums);
     return 0;
 }

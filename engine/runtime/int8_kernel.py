@@ -140,7 +140,7 @@ def int4_product(x: torch.Tensor, layer) -> torch.Tensor:
     floats, slower)."""
     library = _library if _tried else _loaded()
     if library is None:
-        return reference_product(x, *layer.levels_and_scales())
+        return reference_product(x, *layer.unpacked())
     if not (x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] == layer.in_features):
         raise ValueError(f"the int4 product takes float32 rows of width {layer.in_features}, not {x.dtype} {tuple(x.shape)}")
     x = x.contiguous()

@@ -23,7 +23,7 @@ typedef struct {
     const float *bias;      /* (rows,) or NULL */
     int64_t rows, width;
     const uint8_t *packed;         /* int4: (rows / 16 rounded up, width / 32, 256) */
-    const uint16_t *group_scales;  /* int4: bf16 (rows / 16 rounded up, width / 32, 16) */
+    const uint16_t *group_scales;  /* int4: bf16 (rows / 16 rounded up, width / 32, 2, 16): scales, minimums */
 } TandemInt8;
 
 typedef struct {
