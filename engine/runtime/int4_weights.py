@@ -2,7 +2,7 @@
 32 inputs (the `int4-wo` precision).
 
 Why: a step of a 1-8B model on a CPU is bound by reading its weights, and people run such models
-as 4-bit GGUF files (Q4_K_M, Q4_0), which llama.cpp reads at about 4.5-4.8 bits a weight. The
+as 4-bit GGUF files (Q4_K_M, Q4_0), which llama.cpp reads at about 4.5-5 bits a weight. The
 int8 layers (int8_weights.py) read 8: on the 1.7B and 8B shapes Tandem's plain decoding wrote
 0.67-0.75x llama-bench's on Q4_K_M files (docs/BENCHMARKS.md). These layers read 5 bits a
 weight, Q4_1's scheme: 16 levels per group of 32 weights from the group's smallest weight to its
