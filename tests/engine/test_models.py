@@ -265,7 +265,7 @@ def test_weight_only_int8_loads_as_int8_layers_that_the_static_runtime_runs(tiny
 
 
 def test_running_out_of_memory_while_quantising_is_the_clear_out_of_memory_error(tiny_model_folder, monkeypatch):
-    def run_out(model):
+    def run_out(model, bits=8):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
 
     monkeypatch.setattr(torch_load, "quantise_weight_only", run_out)

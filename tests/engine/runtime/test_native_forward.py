@@ -142,19 +142,6 @@ def test_an_int4_model_runs_natively_and_gives_the_torch_logits(kind, each_build
     converse(rng, runtimes, context, rounds=6, same=same)
 
 
-def test_an_int4_verify_gives_each_token_the_bits_its_steps_give_it(each_build):
-    model = int8_model("llama", 12, bits=4)
-    rng = random.Random(12)
-    prompt = [rng.randrange(VOCAB) for _ in range(RANGE + 22)]
-    following = [rng.randrange(VOCAB) for _ in range(9)]
-    verifying, stepping = (StaticTorchRuntime(model, torch.device("cpu"), CAPACITY) for _ in range(2))
-    for runtime in (verifying, stepping):
-        runtime.forward(prompt, logits_wanted=1)
-    verified = verifying.forward(following, logits_wanted=len(following))
-    stepped = torch.cat([stepping.forward([token]) for token in following])
-    assert verifying.native is not None and torch.equal(verified, stepped)
-
-
 def test_prompts_run_natively_in_pieces_of_64(monkeypatch):
     calls = []
     original = NativeForward.__call__
@@ -281,13 +268,13 @@ def test_a_partial_rotation_or_feature_layers_outside_the_model_are_refused():
         StaticTorchRuntime(int8_model("llama", 0), torch.device("cpu"), 100, feature_layers=(1, SHAPE["num_hidden_layers"]))
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "llama-96-wide-heads"])
-def test_a_verify_gives_each_token_the_bits_its_steps_give_it(kind, each_build):
+@pytest.mark.parametrize("kind, bits", [("llama", 8), ("qwen3", 8), ("llama-96-wide-heads", 8), ("llama", 4)])
+def test_a_verify_gives_each_token_the_bits_its_steps_give_it(kind, bits, each_build):
     """Greedy speculation equals plain decoding only if a verified token gets the very logits
     its step would: the attention's ranges and 16-row blocks sit at fixed cache rows, and a
     short last block is padded, so the sums run in the same order either way. After a context
-    that crosses a range (RANGE rows) and ends inside a block."""
-    model = int8_model(kind, 12)
+    that crosses a range (RANGE rows) and ends inside a block. With int4 layers too."""
+    model = int8_model(kind, 12, bits)
     rng = random.Random(12)
     prompt = [rng.randrange(VOCAB) for _ in range(RANGE + 22)]
     following = [rng.randrange(VOCAB) for _ in range(9)]
