@@ -3,7 +3,8 @@
  * to int8 per group of 32 inputs, times the 4-bit weight levels with int32 sums per group; each
  * group's sum scaled by the weight's and the row's scales of that group, plus the weight's
  * minimum times the row's scale and level sum, added up in float32.
- * Built into every variant's library; the ISA shows only in `block_outputs` below.
+ * Built into every variant's library; the ISA shows only in `block_outputs` below (AVX-512,
+ * AVX2 with or without AVX-VNNI, plain C).
  *
  * Why it is shaped this way:
  * - A step of a 1-8B model on a CPU is bound by reading its weights: at 4 bits and a bf16 scale
@@ -142,11 +143,9 @@ static void block_outputs(const uint8_t *packed, const uint16_t *group_scales, c
 #undef TILE_OF
     }
 }
-#else
-/* sums[t][r] (r < 16) = the integer product of token t's levels in one group with the block's
- * group: sum over the 32 inputs of weight level x activation level. */
-#if defined(__AVX2__)
-/* rows 0-7 from the first 32 bytes of each 64, rows 8-15 from the second */
+#elif defined(__AVX2__)
+/* 8 rows' sums of one group for one token: the rows' quads (the first or second 32 bytes of
+ * each 64) against the token's 32 levels */
 static inline __m256i dot_quads(const __m256i quads[8], const int8_t *mine) {
 #ifdef __AVXVNNI__
     __m256i acc = _mm256_setzero_si256();
@@ -169,20 +168,69 @@ static inline __m256i dot_quads(const __m256i quads[8], const int8_t *mine) {
 #endif
 }
 
-static void block_sums(const uint8_t *packed, const int8_t *levels, int64_t k, int64_t m, int32_t (*sums)[BLOCK_ROWS]) {
+#define TILE 2 /* tokens whose totals (both halves) stay in registers beside 8 weight vectors: 16 in all */
+
+static inline __m256 bf16_lanes(const uint16_t *bits) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)bits)), 16));
+}
+
+/* A block (16 rows, in two halves of 8, `lanes` of each written) for `count` tokens, as
+ * block_tile does on AVX-512 (the same float operations in the same order). Both halves of a
+ * group in turn: a 64-byte line of weights is read once. */
+static inline __attribute__((always_inline)) void block_tile(const uint8_t *packed, const uint16_t *group_scales,
+                                                             const int8_t *levels, const float *scales, const float *scaled_sums,
+                                                             int64_t groups, int64_t k, const int count, float *out, int64_t n,
+                                                             const __m256i lanes[2], const float *bias) {
     const __m256i low = _mm256_set1_epi8(0x0F);
-    for (int half = 0; half < 2; half++) {
-        __m256i quads[8];
-        for (int v = 0; v < 4; v++) {
-            __m256i bytes = _mm256_loadu_si256((const __m256i *)(packed + 64 * v + 32 * half));
-            quads[2 * v] = _mm256_and_si256(bytes, low);
-            quads[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+    __m256 total[TILE][2];
+    for (int t = 0; t < count; t++) total[t][0] = total[t][1] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        for (int half = 0; half < 2; half++) {
+            __m256i quads[8];
+            for (int v = 0; v < 4; v++) {
+                __m256i bytes = _mm256_loadu_si256((const __m256i *)(packed + g * GROUP_BYTES + 64 * v + 32 * half));
+                quads[2 * v] = _mm256_and_si256(bytes, low);
+                quads[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+            }
+            const uint16_t *pair = group_scales + g * 2 * BLOCK_ROWS + 8 * half;
+            __m256 weight_scale = bf16_lanes(pair), weight_minimum = bf16_lanes(pair + BLOCK_ROWS);
+            for (int t = 0; t < count; t++) {
+                __m256i sums = dot_quads(quads, levels + t * k + g * GROUP);
+                __m256 scale = _mm256_mul_ps(weight_scale, _mm256_set1_ps(scales[t * groups + g]));
+                __m256 part = _mm256_mul_ps(_mm256_cvtepi32_ps(sums), scale);
+                part = _mm256_add_ps(part, _mm256_mul_ps(weight_minimum, _mm256_set1_ps(scaled_sums[t * groups + g])));
+                total[t][half] = _mm256_add_ps(total[t][half], part);
+            }
         }
-        for (int64_t t = 0; t < m; t++)
-            _mm256_storeu_si256((__m256i *)(sums[t] + 8 * half), dot_quads(quads, levels + t * k));
+    }
+    for (int t = 0; t < count; t++)
+        for (int half = 0; half < 2; half++) {
+            __m256 result = total[t][half];
+            if (bias != NULL) result = _mm256_add_ps(result, _mm256_maskload_ps(bias + 8 * half, lanes[half]));
+            _mm256_maskstore_ps(out + t * n + 8 * half, lanes[half], result);
+        }
+}
+
+static void block_outputs(const uint8_t *packed, const uint16_t *group_scales, const int8_t *levels, const float *scales,
+                          const float *scaled_sums, int64_t m, int64_t k, float *out, int64_t n, int64_t rows, const float *bias) {
+    int64_t groups = k / GROUP;
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    /* a short last block writes `rows` outputs: lanes r < rows, then r < rows - 8 */
+    __m256i lanes[2] = {_mm256_cmpgt_epi32(_mm256_set1_epi32((int)rows), lane),
+                        _mm256_cmpgt_epi32(_mm256_set1_epi32((int)rows - 8), lane)};
+    for (int64_t first = 0; first < m; first += TILE) {
+        /* a constant count each: the totals stay in registers */
+        if (m - first >= 2)
+            block_tile(packed, group_scales, levels + first * k, scales + first * groups, scaled_sums + first * groups, groups,
+                       k, 2, out + first * n, n, lanes, bias);
+        else
+            block_tile(packed, group_scales, levels + first * k, scales + first * groups, scaled_sums + first * groups, groups,
+                       k, 1, out + first * n, n, lanes, bias);
     }
 }
 #else
+/* sums[t][r] (r < 16) = the integer product of token t's levels in one group with the block's
+ * group: sum over the 32 inputs of weight level x activation level. */
 static void block_sums(const uint8_t *packed, const int8_t *levels, int64_t k, int64_t m, int32_t (*sums)[BLOCK_ROWS]) {
     for (int64_t t = 0; t < m; t++) {
         const int8_t *mine = levels + t * k;
@@ -197,7 +245,6 @@ static void block_sums(const uint8_t *packed, const int8_t *levels, int64_t k, i
         }
     }
 }
-#endif
 
 #define TILE 8 /* tokens a block's group is unpacked for at a time */
 
