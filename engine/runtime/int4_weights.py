@@ -30,6 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import int8_kernel  # the library loader (the int4 product is built into the same library)
+from .cpu import forward_threads
+
 GROUP = 32  # inputs per scale
 BLOCK_ROWS = 16  # rows packed together
 
@@ -119,6 +122,26 @@ def reference_product(x: torch.Tensor, levels: torch.Tensor, scales: torch.Tenso
     return total
 
 
+def int4_product(x: torch.Tensor, layer: "Int4Linear") -> torch.Tensor:
+    """x (m, k) float32 times `layer`'s weight transposed, in float32: by the kernel's
+    `tandem_int4_linear` where the library runs, else by `reference_product` (the same floats,
+    slower)."""
+    library = int8_kernel.loaded_library()
+    if library is None:
+        return reference_product(x, *layer.unpacked())
+    if not (x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] == layer.in_features):
+        raise ValueError(f"the int4 product takes float32 rows of width {layer.in_features}, not {x.dtype} {tuple(x.shape)}")
+    x = x.contiguous()
+    out = torch.empty((x.shape[0], layer.rows), dtype=torch.float32)
+    failed = library.tandem_int4_linear(
+        x.data_ptr(), x.shape[0], x.shape[1], layer.packed.data_ptr(), layer.scales.data_ptr(), layer.rows, None,
+        out.data_ptr(), None, None, forward_threads(),
+    )
+    if failed:
+        raise MemoryError("out of memory for the int4 product's rounded activations")
+    return out
+
+
 class Int4Linear(nn.Module):
     """A linear layer with int4 weights in the kernel's packed layout (and an optional float bias)."""
 
@@ -149,8 +172,6 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         if x.device.type == "cpu":
-            from .int8_kernel import int4_product  # the library loader, which imports this module's layout
-
             out = int4_product(flat.float(), self)
         else:  # another device: the weight as floats, then a float matmul
             out = F.linear(flat.float(), dequantised(*self.unpacked()).to(flat.device))

@@ -41,7 +41,6 @@ import torch
 
 from .. import paths
 from .cpu import cpu_flags, forward_threads
-from .int4_weights import reference_product
 from .kernel_abi import mismatch
 # The variant table lives with the build step; benches and tests read it here too.
 from .kernel_build import DECODER_SOURCE, INT4_SOURCE, PREBUILT_DIR, VARIANTS, BuildFailed, Variant, compile_library, library_name
@@ -131,26 +130,6 @@ def kernel_product(x: torch.Tensor, weight: torch.Tensor, row_sums: torch.Tensor
     )
     if failed:
         raise MemoryError("out of memory for the int8 product's rounded activations")
-    return out
-
-
-def int4_product(x: torch.Tensor, layer) -> torch.Tensor:
-    """x (m, k) float32 times an int4_weights.Int4Linear's weight transposed, in float32: by the
-    kernel's `tandem_int4_linear` where it runs, else by int4_weights.reference_product (the same
-    floats, slower)."""
-    library = _library if _tried else _loaded()
-    if library is None:
-        return reference_product(x, *layer.unpacked())
-    if not (x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] == layer.in_features):
-        raise ValueError(f"the int4 product takes float32 rows of width {layer.in_features}, not {x.dtype} {tuple(x.shape)}")
-    x = x.contiguous()
-    out = torch.empty((x.shape[0], layer.rows), dtype=torch.float32)
-    failed = library.tandem_int4_linear(
-        x.data_ptr(), x.shape[0], x.shape[1], layer.packed.data_ptr(), layer.scales.data_ptr(), layer.rows, None,
-        out.data_ptr(), None, None, forward_threads(),
-    )
-    if failed:
-        raise MemoryError("out of memory for the int4 product's rounded activations")
     return out
 
 

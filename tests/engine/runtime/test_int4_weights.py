@@ -73,7 +73,7 @@ def test_the_product_is_near_the_float_product_of_the_rounded_weight():
 
 
 def with_kernel(x: torch.Tensor, layer: Int4Linear) -> torch.Tensor:
-    return int8_kernel.int4_product(x, layer)
+    return int4_weights.int4_product(x, layer)
 
 
 @pytest.mark.parametrize("count, width, rows", [(1, 64, 16), (1, 256, 40), (3, 96, 17), (8, 512, 64), (64, 128, 33), (9, 2048, 48)])
