@@ -6,12 +6,16 @@ int8 Llama, a 10-token verify against steps, torch's threads fixed by TANDEM_THR
 
 Found (2026-11-28, AMD EPYC Zen 4), two tries: with 2 threads throughout, a verify equalled
 its steps; once the thread count had changed between calls, the verify and the steps differed by
-up to 8.25e-5 at 1 thread and at 2 (in the second try even the verifies at 1 and 2 threads
-differed). So where the thread budget changes torch's threads during a reply (a busy machine),
-greedy speculation on the compiled path can leave plain decoding at a near-tie; the op is not
-found yet. The native forward's sums do not depend on its thread count. This is also why
-tests/engine/runtime/test_compiled_forward.py's int8 verify test can fail under CI's load (it
-did once in three fresh-clone runs this session)."""
+up to 8.25e-5 at 1 thread and at 2. This is also why
+tests/engine/runtime/test_compiled_forward.py's int8 verify test could fail under CI's load (once
+in three fresh-clone runs).
+
+The cause (2026-11-29): dynamo guards every compiled graph on torch's thread count (its
+GLOBAL_STATE guard, `TORCH_LOGS=guards`: "num_threads": 2). At another count the guard missed and
+the runtime's run-only call ran the forward eagerly, whose last bits are not the graphs'; the
+int8 kernel inside the forward had set torch's count to the budget's (cpu.forward_threads). Now
+the graphs are compiled and run at one count (cpu.torch_threads_held, compiled_forward.py), and
+this script prints True for both counts and for both comparisons across them."""
 from __future__ import annotations
 
 import os

@@ -27,6 +27,11 @@ How:
   `paths.keep_compiled_kernels` points into Tandem's cache folder at start): a later start
   skips the C++ compilation, though not dynamo's tracing. A corrupt file there is compiled
   again by inductor itself (a test corrupts every file).
+- Dynamo guards every graph on torch's thread count, so the graphs are compiled and run at
+  one count, the most the thread budget gives (cpu.torch_threads_held): where the budget has
+  taken a core, the int8 products inside still run on the threads it allows, the compiled
+  kernels on all of them. Run at another count, each call would have run eagerly, and a reply
+  whose budget changed mid-way verified with one forward and stepped with the other.
 - Any failure (no C++ compiler, an operation inductor cannot lower, a torch or Python that
   cannot compile) keeps the eager forward and says why in `note`, which the speed panel
   shows next to the runtime's name.
@@ -42,6 +47,8 @@ import weakref
 from collections.abc import Callable
 
 import torch
+
+from .cpu import most_forward_threads, torch_threads_held
 
 # What turns compiling off whatever a pair's setting says: TANDEM_COMPILE=0.
 COMPILE_ENVIRONMENT = "TANDEM_COMPILE"
@@ -81,6 +88,8 @@ class BackgroundCompile:
         self._thread: threading.Thread | None = None
         self.users = 0  # runtimes open over this compile; the last to close cancels it
         self.failure: str | None = None  # why the compile was given up, when it was
+        # torch's thread count the graphs are compiled at and always run at (cpu.torch_threads_held).
+        self.threads = most_forward_threads()
 
     def start(self, forward: Callable, buffers: tuple[torch.Tensor, ...]) -> None:
         with self._lock:
@@ -128,7 +137,11 @@ class BackgroundCompile:
     def compiled_for(self, shape: Shape) -> Callable | None:
         """forward(self, ids, positions, rows, visible) compiled for `shape`, or None while
         it is not (yet): the caller runs the eager forward then."""
-        return self._compiled if self.failure is None and shape in self._ready else None
+        return self._run_compiled if self.failure is None and shape in self._ready else None
+
+    def _run_compiled(self, *arguments):
+        with torch_threads_held(self.threads):
+            return self._compiled(*arguments)
 
     def give_up(self, error: Exception) -> None:
         """A compiled call failed on the runtime's thread: every shape runs eagerly from now on."""
@@ -158,7 +171,7 @@ class BackgroundCompile:
         # eagerly rather than compile on the thread a reply waits on.
         self._compiled = torch._dynamo.run(unbound)
         ids, positions, rows, visible = buffers
-        with torch.inference_mode():
+        with torch.inference_mode(), torch_threads_held(self.threads):
             for bucket, window in self._shapes:
                 if self._cancelled.is_set():
                     return

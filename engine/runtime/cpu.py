@@ -1,9 +1,11 @@
 """What the CPU offers the runtimes: how many threads to run and which vector units it has."""
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 
@@ -156,7 +158,7 @@ def forward_threads() -> int:
         if _forward_budget is None:
             _forward_budget = ThreadBudget(torch_threads(), read_busy=busy_seconds_with_others)
         threads = _forward_budget.threads()
-    if threads != _torch_threads_set[0]:
+    if threads != _torch_threads_set[0] and not getattr(_held, "threads", None):
         # torch's own ops between the forwards (sampling over the vocabulary, the drafts' glue)
         # run on the same OpenMP threads: a 2-thread softmax stalled on the taken core as the
         # forward did (one busy process: 46 tok/s with the forward on one thread, torch on two).
@@ -168,6 +170,39 @@ def forward_threads() -> int:
 
 
 _torch_threads_set = [0]  # the count forward_threads last gave torch (0: none yet)
+# torch's thread count is each thread's own (OpenMP's): a hold is this thread's too.
+_held = threading.local()  # .threads: the count torch_threads_held keeps on this thread
+
+
+def most_forward_threads() -> int:
+    """The most threads forward_threads gives: TANDEM_THREADS where set, else the budget's
+    cores (torch's own count before the budget first changed it)."""
+    chosen = chosen_threads()
+    if chosen is not None:
+        return chosen
+    return _forward_budget.cores if _forward_budget is not None else torch_threads()
+
+
+@contextlib.contextmanager
+def torch_threads_held(threads: int) -> Iterator[None]:
+    """torch's own ops run on `threads` threads inside the block, whatever the budget chooses
+    meanwhile (the native kernels called inside still follow the budget: they take their count
+    as an argument).
+
+    For torch.compile's graphs: dynamo guards each graph on the thread count it was compiled
+    at, and where the count differs it runs the forward eagerly, whose last bits are not the
+    graphs'. A reply whose budget changed mid-way then verified with one forward and stepped
+    with the other (docs/bench/compiled_threads_bits.py)."""
+    held_before, count_before = getattr(_held, "threads", None), torch_threads()
+    if threads != count_before:
+        set_torch_threads(threads)
+    _held.threads = threads
+    try:
+        yield
+    finally:
+        _held.threads = held_before
+        if threads != count_before:
+            set_torch_threads(count_before)  # what forward_threads last set, which it remembers
 
 
 def torch_threads() -> int:

@@ -254,10 +254,12 @@ def test_llama_compiled_gives_the_eager_logits_through_a_prompt_a_tree_and_a_cha
     assert runtime.compiler._compiled.calls >= 4
 
 
-def test_int8_compiled_keeps_the_eager_logits_and_gives_a_verify_the_steps_logits_to_the_bit():
+def test_int8_compiled_keeps_the_eager_logits_and_gives_a_verify_the_steps_logits_to_the_bit(monkeypatch):
     """The CPU default precision, compiled: its integer matmuls (int8_weights.py) run inside
     the compiled graphs, and a k-token verify still gives each token the logits one-token
-    steps give it, as in the eager forward (test_int8_weights.py)."""
+    steps give it, as in the eager forward (test_int8_weights.py). Also when the thread budget
+    has changed between them (a busy machine): dynamo guards the graphs on torch's thread
+    count, and had run the steps eagerly, with other last bits."""
     from engine.runtime.int8_weights import quantise_weight_only
 
     from ..tiny_models import tiny_llama
@@ -265,13 +267,17 @@ def test_int8_compiled_keeps_the_eager_logits_and_gives_a_verify_the_steps_logit
 
     model = quantise_weight_only(tiny_llama(seed=9, vocab_size=VOCAB, hidden=64))
     ids = [5, 9, 11, 40, 2, 7, 33, 12, 3, 8, 17, 21]
+    monkeypatch.setenv("TANDEM_THREADS", "2")
     verifying = compiled(model, native=False)  # the compiled graphs, not the native forward
     verifying.compiler._compiled = CompiledOnly(verifying.compiler._compiled)
     verified = verifying.forward(ids, logits_wanted=10)
+    monkeypatch.setenv("TANDEM_THREADS", "1")  # what the budget gives when one core is taken
     stepping = StaticTorchRuntime(model, torch.device("cpu"), 400, graphs=False, compile=True, native=False)
     assert stepping.compiler is verifying.compiler  # the same compiled graphs, another cache
     stepping.forward(ids[:2], logits_wanted=1)
     stepped = torch.cat([stepping.forward([token], logits_wanted=1) for token in ids[2:]])
+    assert verifying.compiler.failure is None  # CompiledOnly raises (and the compile is given up) on an eager run
+    assert verifying.compiler._compiled.calls == 1 + len(ids) - 1
     assert torch.equal(verified, stepped)
     uncompiled = StaticTorchRuntime(model, torch.device("cpu"), 400, graphs=False, native=False).forward(ids, logits_wanted=10)
     # A last-bit difference in attention can move an activation across a rounding step.

@@ -188,6 +188,32 @@ def test_the_native_forwards_threads_follow_the_budget_and_the_windows_thread_co
     assert torch_given[-1] == 2  # and torch's own ops follow it
 
 
+def test_a_held_thread_count_keeps_torchs_threads_while_the_native_kernels_follow_the_budget(monkeypatch):
+    """What compiled graphs run under (compiled_forward.py): torch at the held count inside
+    the block, the budget's count for the kernels called there, and torch back at the budget's
+    count after it."""
+    import torch
+
+    from engine.runtime import cpu
+
+    monkeypatch.setattr(cpu, "_torch_threads_set", [0])
+    monkeypatch.setenv("TANDEM_THREADS", "1")  # the budget, with a core taken
+    before = torch.get_num_threads()
+    try:
+        assert cpu.forward_threads() == 1 and torch.get_num_threads() == 1
+        assert cpu.most_forward_threads() == 1
+        with cpu.torch_threads_held(2):
+            assert torch.get_num_threads() == 2
+            assert cpu.forward_threads() == 1  # the native kernels' count
+            assert torch.get_num_threads() == 2  # not given to torch meanwhile
+        assert torch.get_num_threads() == 1
+        monkeypatch.delenv("TANDEM_THREADS")
+        monkeypatch.setattr(cpu, "_forward_budget", cpu.ThreadBudget(3))
+        assert cpu.most_forward_threads() == 3  # the budget's ceiling, not its count now
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_threads_cpu_seconds_are_read_for_this_process():
     import threading
     import time
