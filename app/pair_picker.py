@@ -47,7 +47,7 @@ PRECISION_LABELS = {
     "auto": f"auto: 8-bit ({CPU_DEFAULT_PRECISION} on torch, Q8_0 on llama.cpp)",
     "int8": "int8: 8-bit weights (bitsandbytes; Q8_0 on llama.cpp), half the memory",
     "int8-wo": "int8-wo: 8-bit weights; integer matmuls on the CPU, CUDA graphs on a GPU (Q8_0 on llama.cpp)",
-    "int4-wo": "int4-wo: 4-bit weights for 1-8B targets on the CPU, 0.63x int8's bytes a step (Q4_1 on llama.cpp)",
+    "int4-wo": "int4-wo: 4-bit weights for 1-8B targets on the CPU, 0.58x int8's bytes a step (Q4_K_S on llama.cpp)",
     "bf16": "bf16",
     "fp16": "fp16",
     "fp32": "fp32: full precision, most memory",

@@ -14,8 +14,9 @@ from .errors import ConfigError  # callers name it beside the settings it refuse
 
 # int8: bitsandbytes' LLM.int8 (torch), Q8_0 (llama.cpp). int8-wo: weight-only int8 with a
 # scale per output channel, plain tensor ops that CUDA graphs capture (engine/runtime/int8_weights.py).
-# int4-wo: 4-bit weights with a scale and a minimum per 32 inputs, Q4_1's scheme, for targets of 1-8B
-# whose steps are bound by reading their weights (engine/runtime/int4_weights.py; Q4_1 on llama.cpp).
+# int4-wo: 4-bit weights with a scale and a minimum per 32 inputs coded in 8 bits, Q4_K's scheme, for
+# targets of 1-8B whose steps are bound by reading their weights (engine/runtime/int4_weights.py;
+# Q4_K_S on llama.cpp).
 # stored: a GGUF file as it is (a Q4_K_M file stays Q4_K_M), on llama.cpp only: re-quantising a
 # 4-bit file to 8 bits gains no quality, and its steps read twice the bytes.
 PRECISIONS = ("auto", "int8", "int8-wo", "int4-wo", "bf16", "fp16", "fp32", "stored")

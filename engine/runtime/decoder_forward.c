@@ -42,7 +42,7 @@
 int tandem_int8_linear(const float *x, int64_t m, int64_t k, const int8_t *w, int64_t n, int64_t w_stride,
                        const int32_t *row_sums, const float *row_scale, const float *bias, float *out,
                        void (*prepare)(const void *context, int64_t row), const void *context, int threads);
-int tandem_int4_linear(const float *x, int64_t m, int64_t k, const uint8_t *packed, const uint16_t *group_scales,
+int tandem_int4_linear(const float *x, int64_t m, int64_t k, const uint8_t *packed, const uint8_t *group_scales,
                        int64_t n, const float *bias, float *out, void (*prepare)(const void *context, int64_t row),
                        const void *context, int threads);
 

@@ -2,14 +2,15 @@
  * version is the reference, holds the layout and says why the format exists): each row rounded
  * to int8 per group of 32 inputs, times the 4-bit weight levels with int32 sums per group; each
  * group's sum scaled by the weight's and the row's scales of that group, plus the weight's
- * minimum times the row's scale and level sum, added up in float32.
+ * minimum times the row's scale and level sum, added up in float32. The weight's scale and
+ * minimum of a group are its 8-bit codes times its super-block's bf16 factors (8 groups).
  * Built into every variant's library; the ISA shows only in `block_outputs` below (AVX-512,
  * AVX2 with or without AVX-VNNI, plain C).
  *
  * Why it is shaped this way:
- * - A step of a 1-8B model on a CPU is bound by reading its weights: at 4 bits and a bf16 scale
- *   and minimum per 32 (5 bits a weight) it reads 0.63x the bytes of the int8 layers, about what
- *   a Q4_K_M file (4.85) makes llama.cpp read.
+ * - A step of a 1-8B model on a CPU is bound by reading its weights: at 4 bits, an 8-bit scale
+ *   and minimum code per 32 and two bf16 factors per 256 (4.625 bits a weight) it reads 0.58x
+ *   the bytes of the int8 layers, less than a Q4_K_M file (4.85) makes llama.cpp read.
  * - The weight is packed 16 rows a block, each 32-bit lane one row's 4 inputs in a row (a
  *   nibble each), so VPDPBUSD adds 4 products into each of 16 rows' sums at once, the
  *   activations' 4 bytes broadcast to every lane. The sums come out a row a lane: no horizontal
@@ -33,6 +34,18 @@
 #define GROUP 32        /* inputs per scale */
 #define BLOCK_ROWS 16   /* weight rows packed together */
 #define GROUP_BYTES 256 /* one block's group: 16 rows x 32 nibbles */
+#define SUPER_GROUPS 8  /* groups whose codes share two bf16 factors */
+#define FACTOR_BYTES 64 /* a block's factors per super-block: 16 scale factors, 16 minimum factors */
+#define CODE_BYTES 32   /* a block's codes per group: 16 scale codes (uint8), 16 minimum codes (int8) */
+
+/* Where group g's codes and its super-block's factors sit in a block's scale bytes
+ * (int4_weights.py's layout: each super-block's factors, then its groups' codes). */
+static inline const uint8_t *factors_of(const uint8_t *scale_bytes, int64_t g) {
+    return scale_bytes + (g / SUPER_GROUPS) * (FACTOR_BYTES + SUPER_GROUPS * CODE_BYTES);
+}
+static inline const uint8_t *codes_of(const uint8_t *scale_bytes, int64_t g) {
+    return factors_of(scale_bytes, g) + FACTOR_BYTES + (g % SUPER_GROUPS) * CODE_BYTES;
+}
 
 /* A bf16 scale as float32 (exact: bf16 is float32's top half). */
 static inline float bf16_to_float(uint16_t bits) {
@@ -72,16 +85,17 @@ static void round_groups(const float *x, int64_t k, int8_t *levels, float *scale
  * first of them), into out + t * n (the block's first row), `lanes` of them (a short last
  * block writes fewer), plus bias where it is not NULL: group by group, each token's sums times
  * (weight scale x activation scale), plus weight minimum x (activation scale x level sum),
- * added to its running total. group_scales: per group, the 16 rows' scales, then their minimums. */
+ * added to its running total. scale_bytes: the block's factors and codes (factors_of, codes_of);
+ * a group's weight scale is factor x code, one float32 multiply, as is its minimum. */
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 #define TILE 8 /* tokens whose totals stay in registers: 8 + 8 weight vectors + a few */
 
-static inline __attribute__((always_inline)) void block_tile(const uint8_t *packed, const uint16_t *group_scales,
+static inline __attribute__((always_inline)) void block_tile(const uint8_t *packed, const uint8_t *scale_bytes,
                                                              const int8_t *levels, const float *scales, const float *scaled_sums,
                                                              int64_t groups, int64_t k, const int count, float *out, int64_t n,
                                                              __mmask16 lanes, const float *bias) {
     const __m512i low = _mm512_set1_epi8(0x0F);
-    __m512 total[TILE];
+    __m512 total[TILE], scale_factor = _mm512_setzero_ps(), minimum_factor = _mm512_setzero_ps();
     for (int t = 0; t < count; t++) total[t] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *bytes = packed + g * GROUP_BYTES;
@@ -91,11 +105,16 @@ static inline __attribute__((always_inline)) void block_tile(const uint8_t *pack
             quads[2 * v] = _mm512_and_si512(vector, low);
             quads[2 * v + 1] = _mm512_and_si512(_mm512_srli_epi16(vector, 4), low);
         }
-        /* the 16 bf16 scales and minimums as float32: bf16 is float32's top half */
-        const uint16_t *pair = group_scales + g * 2 * BLOCK_ROWS;
-        __m512 weight_scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)pair)), 16));
-        __m512 weight_minimum = _mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(pair + BLOCK_ROWS))), 16));
+        if (g % SUPER_GROUPS == 0) { /* the 16 rows' bf16 factors as float32: bf16 is float32's top half */
+            const uint8_t *factors = factors_of(scale_bytes, g);
+            scale_factor = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)factors)), 16));
+            minimum_factor = _mm512_castsi512_ps(
+                _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(factors + 32))), 16));
+        }
+        const uint8_t *codes = codes_of(scale_bytes, g);
+        __m512 weight_scale = _mm512_mul_ps(scale_factor, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)codes))));
+        __m512 weight_minimum =
+            _mm512_mul_ps(minimum_factor, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(codes + 16)))));
         for (int t = 0; t < count; t++) {
             const int8_t *mine = levels + t * k + g * GROUP;
             /* two chains of 4, not one of 8: a step waits on each VPDPBUSD's latency */
@@ -118,7 +137,7 @@ static inline __attribute__((always_inline)) void block_tile(const uint8_t *pack
     }
 }
 
-static void block_outputs(const uint8_t *packed, const uint16_t *group_scales, const int8_t *levels, const float *scales,
+static void block_outputs(const uint8_t *packed, const uint8_t *scale_bytes, const int8_t *levels, const float *scales,
                           const float *scaled_sums, int64_t m, int64_t k, float *out, int64_t n, int64_t rows, const float *bias) {
     int64_t groups = k / GROUP;
     __mmask16 lanes = (__mmask16)((1u << rows) - 1);
@@ -129,7 +148,7 @@ static void block_outputs(const uint8_t *packed, const uint16_t *group_scales, c
         const float *tile_sums = scaled_sums + first * groups;
         float *tile_out = out + first * n;
         /* a constant count each: the totals stay in registers */
-#define TILE_OF(c) block_tile(packed, group_scales, tile_levels, tile_scales, tile_sums, groups, k, c, tile_out, n, lanes, bias)
+#define TILE_OF(c) block_tile(packed, scale_bytes, tile_levels, tile_scales, tile_sums, groups, k, c, tile_out, n, lanes, bias)
         switch (count) {
         case 1: TILE_OF(1); break;
         case 2: TILE_OF(2); break;
@@ -170,14 +189,22 @@ static inline __m256i dot_quads(const __m256i quads[8], const int8_t *mine) {
 
 #define TILE 2 /* tokens whose totals (both halves) stay in registers beside 8 weight vectors: 16 in all */
 
-static inline __m256 bf16_lanes(const uint16_t *bits) {
+static inline __m256 bf16_lanes(const uint8_t *bits) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)bits)), 16));
+}
+
+/* 8 codes as float32: unsigned (scales) or signed (minimums) */
+static inline __m256 unsigned_codes(const uint8_t *codes) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)codes)));
+}
+static inline __m256 signed_codes(const uint8_t *codes) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)codes)));
 }
 
 /* A block (16 rows, in two halves of 8, `lanes` of each written) for `count` tokens, as
  * block_tile does on AVX-512 (the same float operations in the same order). Both halves of a
  * group in turn: a 64-byte line of weights is read once. */
-static inline __attribute__((always_inline)) void block_tile(const uint8_t *packed, const uint16_t *group_scales,
+static inline __attribute__((always_inline)) void block_tile(const uint8_t *packed, const uint8_t *scale_bytes,
                                                              const int8_t *levels, const float *scales, const float *scaled_sums,
                                                              int64_t groups, int64_t k, const int count, float *out, int64_t n,
                                                              const __m256i lanes[2], const float *bias) {
@@ -192,8 +219,9 @@ static inline __attribute__((always_inline)) void block_tile(const uint8_t *pack
                 quads[2 * v] = _mm256_and_si256(bytes, low);
                 quads[2 * v + 1] = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
             }
-            const uint16_t *pair = group_scales + g * 2 * BLOCK_ROWS + 8 * half;
-            __m256 weight_scale = bf16_lanes(pair), weight_minimum = bf16_lanes(pair + BLOCK_ROWS);
+            const uint8_t *factors = factors_of(scale_bytes, g) + 16 * half, *codes = codes_of(scale_bytes, g) + 8 * half;
+            __m256 weight_scale = _mm256_mul_ps(bf16_lanes(factors), unsigned_codes(codes));
+            __m256 weight_minimum = _mm256_mul_ps(bf16_lanes(factors + 32), signed_codes(codes + 16));
             for (int t = 0; t < count; t++) {
                 __m256i sums = dot_quads(quads, levels + t * k + g * GROUP);
                 __m256 scale = _mm256_mul_ps(weight_scale, _mm256_set1_ps(scales[t * groups + g]));
@@ -211,7 +239,7 @@ static inline __attribute__((always_inline)) void block_tile(const uint8_t *pack
         }
 }
 
-static void block_outputs(const uint8_t *packed, const uint16_t *group_scales, const int8_t *levels, const float *scales,
+static void block_outputs(const uint8_t *packed, const uint8_t *scale_bytes, const int8_t *levels, const float *scales,
                           const float *scaled_sums, int64_t m, int64_t k, float *out, int64_t n, int64_t rows, const float *bias) {
     int64_t groups = k / GROUP;
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -221,10 +249,10 @@ static void block_outputs(const uint8_t *packed, const uint16_t *group_scales, c
     for (int64_t first = 0; first < m; first += TILE) {
         /* a constant count each: the totals stay in registers */
         if (m - first >= 2)
-            block_tile(packed, group_scales, levels + first * k, scales + first * groups, scaled_sums + first * groups, groups,
+            block_tile(packed, scale_bytes, levels + first * k, scales + first * groups, scaled_sums + first * groups, groups,
                        k, 2, out + first * n, n, lanes, bias);
         else
-            block_tile(packed, group_scales, levels + first * k, scales + first * groups, scaled_sums + first * groups, groups,
+            block_tile(packed, scale_bytes, levels + first * k, scales + first * groups, scaled_sums + first * groups, groups,
                        k, 1, out + first * n, n, lanes, bias);
     }
 }
@@ -248,7 +276,7 @@ static void block_sums(const uint8_t *packed, const int8_t *levels, int64_t k, i
 
 #define TILE 8 /* tokens a block's group is unpacked for at a time */
 
-static void block_outputs(const uint8_t *packed, const uint16_t *group_scales, const int8_t *levels, const float *scales,
+static void block_outputs(const uint8_t *packed, const uint8_t *scale_bytes, const int8_t *levels, const float *scales,
                           const float *scaled_sums, int64_t m, int64_t k, float *out, int64_t n, int64_t rows, const float *bias) {
     int64_t groups = k / GROUP;
     float total[TILE][BLOCK_ROWS];
@@ -260,9 +288,13 @@ static void block_outputs(const uint8_t *packed, const uint16_t *group_scales, c
         for (int64_t g = 0; g < groups; g++) {
             block_sums(packed + g * GROUP_BYTES, levels + first * k + g * GROUP, k, count, sums);
             float weight_scale[BLOCK_ROWS], weight_minimum[BLOCK_ROWS];
+            const uint8_t *factors = factors_of(scale_bytes, g), *codes = codes_of(scale_bytes, g);
             for (int r = 0; r < BLOCK_ROWS; r++) {
-                weight_scale[r] = bf16_to_float(group_scales[g * 2 * BLOCK_ROWS + r]);
-                weight_minimum[r] = bf16_to_float(group_scales[g * 2 * BLOCK_ROWS + BLOCK_ROWS + r]);
+                uint16_t scale_bits, minimum_bits;
+                memcpy(&scale_bits, factors + 2 * r, 2);
+                memcpy(&minimum_bits, factors + 32 + 2 * r, 2);
+                weight_scale[r] = bf16_to_float(scale_bits) * (float)codes[r];
+                weight_minimum[r] = bf16_to_float(minimum_bits) * (float)(int8_t)codes[16 + r];
             }
             for (int64_t t = 0; t < count; t++) {
                 float scale = scales[(first + t) * groups + g], scaled_sum = scaled_sums[(first + t) * groups + g];
@@ -285,11 +317,12 @@ static void block_outputs(const uint8_t *packed, const uint16_t *group_scales, c
  * for output j where bias is not NULL. Where `prepare` is not NULL, prepare(context, i) first
  * writes row i of x (tandem_int8_linear's hook, for the decoder forward). Returns 0, -1 where
  * memory could not be had, -2 where k is not whole groups. */
-int tandem_int4_linear(const float *x, int64_t m, int64_t k, const uint8_t *packed, const uint16_t *group_scales,
+int tandem_int4_linear(const float *x, int64_t m, int64_t k, const uint8_t *packed, const uint8_t *scale_bytes,
                        int64_t n, const float *bias, float *out, void (*prepare)(const void *context, int64_t row),
                        const void *context, int threads) {
     if (k % GROUP != 0) return -2;
     int64_t groups = k / GROUP, blocks = (n + BLOCK_ROWS - 1) / BLOCK_ROWS;
+    int64_t block_scale_bytes = (groups + SUPER_GROUPS - 1) / SUPER_GROUPS * FACTOR_BYTES + groups * CODE_BYTES;
     int8_t *levels = malloc((size_t)(m * k));
     float *scales = malloc(sizeof(float) * m * groups);
     float *scaled_sums = malloc(sizeof(float) * m * groups);
@@ -307,7 +340,7 @@ int tandem_int4_linear(const float *x, int64_t m, int64_t k, const uint8_t *pack
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < blocks; b++) {
             int64_t first = b * BLOCK_ROWS, rows = n - first < BLOCK_ROWS ? n - first : BLOCK_ROWS;
-            block_outputs(packed + b * groups * GROUP_BYTES, group_scales + b * groups * 2 * BLOCK_ROWS, levels, scales, scaled_sums, m, k,
+            block_outputs(packed + b * groups * GROUP_BYTES, scale_bytes + b * block_scale_bytes, levels, scales, scaled_sums, m, k,
                           out + first, n, rows, bias != NULL ? bias + first : NULL);
         }
     }

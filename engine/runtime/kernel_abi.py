@@ -13,7 +13,7 @@ from __future__ import annotations
 import ctypes
 
 # The version of tandem_abi.h's structs these mirror: bump both with any change to them.
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 
 class Int8Struct(ctypes.Structure):

@@ -42,7 +42,7 @@ NEEDED_CONTEXT_FIELDS = ("n_seq_max", "kv_unified", "n_threads", "n_threads_batc
 INSTALL_HINT = f"pip install llama-cpp-python=={TESTED_VERSION} (it compiles, about 5 minutes)"
 
 # llama.cpp's file types for `llama_model_quantize`, by Tandem's precision names.
-QUANTISED_FILE_TYPES = {"int8": (7, "Q8_0"), "int8-wo": (7, "Q8_0"), "int4-wo": (3, "Q4_1"), "fp16": (1, "F16"), "bf16": (32, "BF16"),
+QUANTISED_FILE_TYPES = {"int8": (7, "Q8_0"), "int8-wo": (7, "Q8_0"), "int4-wo": (14, "Q4_K_S"), "fp16": (1, "F16"), "bf16": (32, "BF16"),
                         "fp32": (0, "F32")}
 
 _KEPT_LOG_LEVELS = (3, 4)  # ggml's WARN and ERROR, the ones `failure_reason` reads
@@ -166,7 +166,7 @@ def _capture_log(llama_cpp) -> None:
 
 
 def quantised_copy(gguf: Path, precision: str, announce: Callable[[str], None] | None = None) -> Path:
-    """`gguf` re-quantised to `precision` (int8 = Q8_0, int4-wo = Q4_1, fp16, bf16, fp32), made once into the
+    """`gguf` re-quantised to `precision` (int8 = Q8_0, int4-wo = Q4_K_S, fp16, bf16, fp32), made once into the
     cache folder (seconds for a small model) and reused after that. `announce` hears that a
     conversion starts, only when one does: a cached copy needs no message."""
     llama_cpp = library()

@@ -12,7 +12,7 @@
 
 #include <stdint.h>
 
-#define TANDEM_ABI_VERSION 4
+#define TANDEM_ABI_VERSION 5
 
 /* A linear layer: int8 (weight, scale, row_sums) or, where `packed` is not NULL, int4 (packed and
  * group_scales in int4_weights.py's layout; weight, scale and row_sums unused). */
@@ -23,7 +23,7 @@ typedef struct {
     const float *bias;      /* (rows,) or NULL */
     int64_t rows, width;
     const uint8_t *packed;         /* int4: (rows / 16 rounded up, width / 32, 256) */
-    const uint16_t *group_scales;  /* int4: bf16 (rows / 16 rounded up, width / 32, 2, 16): scales, minimums */
+    const uint8_t *group_scales;   /* int4: (rows / 16 rounded up, 64 x super-blocks + 32 x groups): factors and codes */
 } TandemInt8;
 
 typedef struct {
