@@ -10,7 +10,8 @@
  * Why it is shaped this way:
  * - A step of a 1-8B model on a CPU is bound by reading its weights: at 4 bits, an 8-bit scale
  *   and minimum code per 32 and two bf16 factors per 256 (4.625 bits a weight) it reads 0.58x
- *   the bytes of the int8 layers, less than a Q4_K_M file (4.85) makes llama.cpp read.
+ *   the bytes of the int8 layers; a Q4_K_M file's layers are 4.5-6.6 bits a weight (Q4_K, and
+ *   Q6_K for some).
  * - The weight is packed 16 rows a block, each 32-bit lane one row's 4 inputs in a row (a
  *   nibble each), so VPDPBUSD adds 4 products into each of 16 rows' sums at once, the
  *   activations' 4 bytes broadcast to every lane. The sums come out a row a lane: no horizontal
