@@ -68,7 +68,8 @@ class DecodingForm(QWidget):
                 self.method.addItem(f"{row.title}: {row.summary}", row.name)
         self.draft_tokens = QSpinBox()
         self.draft_tokens.setRange(1, 64)
-        self.draft_tokens.setToolTip("K: how many tokens the draft proposes per target call")
+        self.draft_tokens.setToolTip(
+            "K: the most tokens a chain drafts per target call; each round drafts as many as measure to pay here")
         self.tree_shape = QComboBox()
         self.tree_shape.setEditable(True)
         self.tree_shape.addItems(TREE_SHAPES)

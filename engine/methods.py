@@ -58,6 +58,8 @@ class PairParts(Protocol):
 
     def tree_policy(self, settings: DraftSettings, method_name: str) -> Any: ...
 
+    def chain_length(self, drafter_name: str, most: int) -> Any: ...
+
 
 # Which setting shapes a method's rounds, for the app's knobs and the reply line.
 KNOB_NONE, KNOB_DRAFT_TOKENS, KNOB_TREE_SHAPE, KNOB_ADAPTIVE, KNOB_UNCHECKED = (
@@ -108,7 +110,8 @@ def _chain(pair: PairParts, settings: DraftSettings) -> Drafter:
         return NgramDrafter(settings.draft_tokens, pair.config.ngram.max_ngram, pair.config.ngram.min_ngram)
     from .drafters.model_drafter import ModelDrafter
 
-    return ModelDrafter(pair.draft_runner, pair.vocab_size, settings.draft_tokens)
+    return ModelDrafter(pair.draft_runner, pair.vocab_size, settings.draft_tokens,
+                        length=pair.chain_length("chain", settings.draft_tokens))
 
 
 def _backoff_ngram(pair: PairParts, settings: DraftSettings) -> Drafter:
@@ -130,7 +133,8 @@ def _tree(name: str, second_stage: bool) -> Callable[[PairParts, DraftSettings],
 def _eagle_chain(pair: PairParts, settings: DraftSettings) -> Drafter:
     from .drafters.model_drafter import ModelDrafter
 
-    return ModelDrafter(pair.eagle_runner, pair.vocab_size, settings.draft_tokens)
+    return ModelDrafter(pair.eagle_runner, pair.vocab_size, settings.draft_tokens,
+                        length=pair.chain_length("eagle", settings.draft_tokens))
 
 
 def _eagle_tree(pair: PairParts, settings: DraftSettings) -> Drafter:
@@ -154,7 +158,8 @@ def _auto(pair: PairParts, settings: DraftSettings) -> Drafter:
         if name in AUTO_CHAINS:
             runner = pair.eagle_runner if name == "eagle" else pair.draft_runner
             if runner is not None:  # (a pair without a draft model chains by prompt lookup)
-                candidates[name] = ModelDrafter(runner, pair.vocab_size, settings.draft_tokens, measured_length=True)
+                candidates[name] = ModelDrafter(runner, pair.vocab_size, settings.draft_tokens,
+                                                length=pair.chain_length(name, settings.draft_tokens))
         else:
             candidates[name] = BY_NAME[name].drafter(pair, settings)
     return MethodChooser(candidates, pair.speed_record)
@@ -184,7 +189,10 @@ TABLE = (
         "(plain decoding included), from what its rounds have cost here", _auto,
     ),
     Method("ar", "ar", "plain decoding, one target call per token (the reference)", _nothing),
-    Method("chain", "chain", "the draft proposes K tokens, the target verifies them in one call", _chain, knob=KNOB_DRAFT_TOKENS),
+    Method(
+        "chain", "chain", "the draft proposes up to K tokens, as many as pay here, the target verifies them in one call", _chain,
+        knob=KNOB_DRAFT_TOKENS,
+    ),
     Method(
         "tree", "tree", "the draft proposes a tree of alternatives, the target verifies all of it in one call",
         _tree("tree", second_stage=False), needs=(DRAFT_MODEL, TREES), knob=KNOB_TREE_SHAPE,
@@ -195,7 +203,8 @@ TABLE = (
     ),
     Method("ngram", "ngram", "an n-gram model of the conversation drafts K tokens, no draft model", _backoff_ngram, knob=KNOB_DRAFT_TOKENS),
     Method(
-        "eagle", "EAGLE-3 chain", "an EAGLE-3 head drafts K tokens from the target's own features; one target call verifies them",
+        "eagle", "EAGLE-3 chain",
+        "an EAGLE-3 head drafts up to K tokens from the target's own features, as many as pay here; one target call verifies them",
         _eagle_chain, needs=(EAGLE_HEAD,), knob=KNOB_DRAFT_TOKENS,
     ),
     Method(
@@ -216,9 +225,9 @@ TABLE = (
 )
 BY_NAME = {method.name: method for method in TABLE}
 # What `auto` chooses among besides plain decoding, where the pair offers them: the methods
-# that can beat it (n-gram chains rarely do). Its chains are as long as measured to pay here,
-# up to K (drafters/chain_length.py): on the 2-core CPU chains of 1-2 tokens beat plain
-# decoding where chains of 4 did not.
+# that can beat it (n-gram chains rarely do). Its chains, like `chain`'s and `eagle`'s, are as
+# long as measured to pay here, up to K (drafters/chain_length.py): on the 2-core CPU chains of
+# 1-2 tokens beat plain decoding where chains of 4 did not.
 AUTO_CANDIDATES = ("eagle-tree", "eagle", "tree", "staged", "chain")
 AUTO_CHAINS = ("eagle", "chain")
 NAMES = tuple(BY_NAME)

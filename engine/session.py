@@ -27,6 +27,7 @@ from .detokenize import IncrementalDetokenizer, text_after
 from .drafters.auto import SpeedRecord, record_path
 from .drafters.backoff_ngram import TABLE_FILE, BackoffNgram, NgramCounts
 from .drafters.base import RoundOutcome
+from .drafters.chain_length import ChainLength
 from .drafters.tree_drafter import TreePolicy, TreeShape
 from .errors import ModelLoadError, OutOfMemoryError
 from .events import Event, Finished, PromptPrepared, PromptProgress, Provenance, StatsUpdate, TextDelta
@@ -94,6 +95,9 @@ class LoadedPair:
         self.auto_tree_shapes = {
             row.name: AutoTreeShape() for row in methods.TABLE if row.knob == methods.KNOB_TREE_SHAPE and row.name in self.methods
         }
+        # Chains' lengths keep what they learnt (costs, acceptance per depth) across replies, one
+        # per drafter: `chain` and `auto`'s chain share the draft model's, `eagle` the head's.
+        self.chain_lengths: dict[str, ChainLength] = {}
         # What `auto` has learnt of each method's speed on this machine, kept across starts.
         self.speed_record = SpeedRecord.load(record_path(cache_dir(), _pair_key(config, target), _machine_key(target)))
         self.context_length = min(target.context_length, draft.context_length if draft else target.context_length)
@@ -232,6 +236,8 @@ class LoadedPair:
                 self.target_runner.reset()
         for shape in others:
             shape.calibrate_like(first)
+        for length in self.chain_lengths.values():
+            length.seed(first.verify_seconds)
 
     def tree_policy(self, settings: DecodeSettings, method: str) -> TreePolicy:
         """The tree shape `method` drafts with: the settings' fixed one, or its automatic one
@@ -241,6 +247,18 @@ class LoadedPair:
             return self.auto_tree_shapes[method]
         budget, depth = fixed
         return FixedTreeShape(TreeShape(budget=budget, depth=depth))
+
+    def chain_length(self, drafter_name: str, most: int) -> ChainLength:
+        """How long the chains of `drafter_name` ("chain": the draft model, "eagle": the head)
+        are, at most `most` tokens: one per drafter, kept across replies, its verify costs
+        starting from the curve measured for the tree shapes where there is one."""
+        length = self.chain_lengths.get(drafter_name)
+        if length is None or length.most != max(1, most):
+            length = self.chain_lengths[drafter_name] = ChainLength(most)
+            calibrated = [shape for shape in self.auto_tree_shapes.values() if shape.calibrated]
+            if calibrated:
+                length.seed(calibrated[0].verify_seconds)
+        return length
 
     def generate(
         self, messages: list[Message], settings: DecodeSettings, system_prompt: str | None = None

@@ -17,11 +17,11 @@ tokens costs what 1 does, is wrong on a 2-core CPU, and the reverse).
 """
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Callable
 
 from .drafters.tree_drafter import TreeRound, TreeShape
+from .drafters.verify_curve import cost_at
 
 CALIBRATION_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
 SMOOTHING = 0.2  # weight of the newest measurement in running averages
@@ -112,24 +112,9 @@ class AutoTreeShape:
         return TreeShape(budget=self.max_budget, depth=self.depth, branching=self.branching, beam=self.beam)
 
     def verify_cost(self, tokens: int) -> float:
-        sizes = sorted(self.verify_seconds)
-        if not sizes:
+        if not self.verify_seconds:
             return 1.0  # uncalibrated: a flat cost, so only acceptance matters
-        at = bisect.bisect_left(sizes, tokens)
-        if at < len(sizes) and sizes[at] == tokens:
-            return self.verify_seconds[tokens]
-        if at == 0:
-            return self.verify_seconds[sizes[0]]
-        low = sizes[at - 1]
-        high = sizes[at] if at < len(sizes) else sizes[-1]
-        if high == low:  # past the largest size: extend the last slope
-            if len(sizes) < 2:
-                return self.verify_seconds[low]
-            low, high = sizes[-2], sizes[-1]
-        # Never decreasing, never below the cheapest measurement: on a GPU the curve is flat
-        # and noisy, and a negative slope extrapolated far would promise free forwards.
-        slope = max((self.verify_seconds[high] - self.verify_seconds[low]) / (high - low), 0.0)
-        return max(self.verify_seconds[low] + slope * (tokens - low), min(self.verify_seconds.values()))
+        return cost_at(self.verify_seconds, tokens)
 
     def acceptance_factor(self, depth: int) -> float:
         # Smoothed toward 1 (trust the draft) until rounds have been seen at this depth.

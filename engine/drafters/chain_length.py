@@ -1,5 +1,5 @@
-"""How many tokens a chain drafts each round, chosen from what its rounds have cost and kept
-on this machine (`auto`'s chains).
+"""How many tokens a chain drafts each round, at most K, chosen from what its rounds have cost
+and kept on this machine (`chain`, `eagle` and `auto`'s chains alike).
 
 Why: on the 2-core CPU the demo pair's EAGLE-3 head kept its first token 55% of the time and
 its second 27%; a call of the head cost ~1 ms against a ~6.5 ms step, and a verify of k + 1
@@ -12,8 +12,18 @@ chance that a chain keeps its d-th token, from the kept share at each depth. Eve
 EXPLORE_EVERY rounds one chain is a token longer (or shorter) than the choice, so the costs and
 acceptance beside it stay measured and a conversation that drafts better is noticed.
 Verification is untouched: the length only decides how many tokens the target checks.
+
+A pair keeps one per drafter across replies (session.py), and its verify costs start from the
+curve the pair measured at load for its tree shapes (`seed`): with nothing measured, a chain
+drafted K tokens and priced every other length like K + 1, so it stayed at K for its first
+reply. On a weight-random Llama-3.1-8B shape at 4 bits on 2 cores a verify of 2 tokens cost
+what a step did (~0.12 s) and one of 5 ~1.8 steps, so at acceptance rates (0.6, 0.36, 0.22,
+0.13) chains of 4 wrote 1.15x plain decoding where chains of 1-2 pay far more
+(docs/BENCHMARKS.md).
 """
 from __future__ import annotations
+
+from .verify_curve import cost_at
 
 SMOOTHING = 0.2  # weight of the newest round in the running averages of costs
 EXPLORE_EVERY = 8  # rounds
@@ -43,18 +53,14 @@ class ChainLength:
         return (self.kept[depth] + 0.5) / (self.tried[depth] + 1.0)
 
     def verify_cost(self, tokens: int) -> float | None:
-        """Seconds of a verify of `tokens` tokens: measured, or the nearest measured size's
-        cost extended by the slope of the measured curve (flat when one size is known)."""
-        if tokens in self.verify_seconds:
-            return self.verify_seconds[tokens]
-        sizes = sorted(self.verify_seconds)
-        if not sizes:
-            return None
-        nearest = min(sizes, key=lambda size: abs(size - tokens))
-        slope = 0.0
-        if len(sizes) >= 2:
-            slope = max((self.verify_seconds[sizes[-1]] - self.verify_seconds[sizes[0]]) / (sizes[-1] - sizes[0]), 0.0)
-        return max(self.verify_seconds[nearest] + slope * (tokens - nearest), min(self.verify_seconds.values()))
+        """Seconds of a verify of `tokens` tokens, off the measured curve (verify_curve.py);
+        None before anything was measured."""
+        return cost_at(self.verify_seconds, tokens) if self.verify_seconds else None
+
+    def seed(self, verify_seconds: dict[int, float]) -> None:
+        """Start again from a measured curve of verify costs (the pair's calibration, at load and
+        after a background compile changed the forward): rounds then refresh the sizes they run."""
+        self.verify_seconds = dict(verify_seconds)
 
     def choose(self) -> int:
         """The next chain's length."""

@@ -28,12 +28,12 @@ class ModelDrafter(ChainDrafter):
 
     def __init__(
         self, draft: ModelRuntime, target_vocab_size: int, draft_tokens: int,
-        stop_rule: Callable[[Sampler], StopRule] | None = None, measured_length: bool = False,
+        stop_rule: Callable[[Sampler], StopRule] | None = None, length: ChainLength | None = None,
     ):
-        """`measured_length`: each chain is as long as what rounds cost and kept here says pays
-        (chain_length.py), at most `draft_tokens`; else always `draft_tokens` long."""
+        """`length`: where given, each chain is as long as it says pays here (chain_length.py),
+        at most `draft_tokens`; else always `draft_tokens` long."""
         super().__init__(draft_tokens)
-        self.length = ChainLength(draft_tokens) if measured_length else None
+        self.length = length
         self.draft = draft
         # Embedding tables are often padded past the tokenizer; verification works on the
         # target's vocabulary, so draft logits are cut or padded to its width.

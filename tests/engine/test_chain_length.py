@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from engine.drafters.chain_length import EXPLORE_EVERY, ChainLength
 
 
@@ -58,3 +60,27 @@ def test_rounds_that_read_a_prompt_leave_the_verify_costs_alone():
     length = ChainLength(4)
     length.record(2, 1, 2, 0.002, 300, 0.2)  # the target read a 298-token prompt with the chain
     assert length.verify_seconds == {}
+
+
+# A weight-random Llama-3.1-8B shape at 4 bits on 2 cores (docs/BENCHMARKS.md): a verify of 2
+# tokens costs what a step does, one of 4 half as much again.
+EIGHT_B_CURVE = {1: 0.12, 2: 0.12, 4: 0.18, 8: 0.32, 16: 0.47}
+
+
+def test_a_length_seeded_with_the_pairs_verify_curve_shortens_its_chains_after_one_round():
+    seeded, bare = ChainLength(4), ChainLength(4)
+    seeded.seed(EIGHT_B_CURVE)
+    for length in (seeded, bare):
+        assert length.choose() == 4  # no draft call timed yet: the longest
+        length.record(4, 2, 4, 4 * 0.003, 5, 0.2)  # kept 2 of 4
+    assert seeded.choose() == 2  # 1 + 0.75 + 0.56 tokens for 0.156 s beats 4 tokens' 0.212 s
+    # Without the curve every length is priced like the one verify it saw, so it stays long.
+    assert bare.choose() >= 3
+
+
+def test_seeding_again_replaces_what_the_rounds_measured():
+    length = ChainLength(4)
+    length.record(3, 1, 3, 0.009, 4, 0.5)
+    length.seed(EIGHT_B_CURVE)
+    assert length.verify_seconds == EIGHT_B_CURVE
+    assert length.verify_cost(3) == pytest.approx(0.15)  # halfway between 2 and 4 tokens

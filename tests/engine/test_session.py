@@ -160,6 +160,29 @@ def test_trees_are_calibrated_once_at_load_so_no_reply_waits_for_it(make_word_to
         assert len(events[-1].token_ids) == 8
 
 
+def test_chains_keep_their_length_across_replies_priced_by_the_verify_curve_measured_at_load(make_word_tokenizer):
+    tokenizer = make_word_tokenizer(WORDS, chat_template=TEMPLATE, eos_token="<pad>")
+    target = LoadedModel(tiny_llama(seed=3, vocab_size=64), tokenizer, torch.device("cpu"), torch.float32, "fp32", "tiny", context_length=96)
+    draft = LoadedModel(tiny_llama(seed=4, vocab_size=64), tokenizer, torch.device("cpu"), torch.float32, "fp32", "tiny", context_length=96)
+    pair = LoadedPair(PairConfig("tiny", ModelSpec("tiny"), ModelSpec("tiny-draft")), target, draft)
+    pair.stop_token_ids = frozenset()
+    pair.calibrate_trees()
+    settings = DecodeSettings(method="chain", max_new_tokens=12, draft_tokens=3)
+    run(pair.generate([Message("user", "w1 w2 w3")], settings))
+    length = pair.chain_lengths["chain"]
+    assert length.rounds > 0 and sum(length.tried) > 0  # the reply's rounds were learnt from
+    calibrated = pair.auto_tree_shapes["tree"].verify_seconds
+    assert set(calibrated) <= set(length.verify_seconds)  # priced off the curve measured at load
+    run(pair.generate([Message("user", "w2 w3")], settings))
+    assert pair.chain_lengths["chain"] is length  # the next reply goes on from what it learnt
+    # auto's chain of the draft model is the same drafter, so it shares what was learnt
+    run(pair.generate([Message("user", "w3")], DecodeSettings(method="auto", max_new_tokens=6, draft_tokens=3)))
+    assert pair.chain_lengths["chain"] is length
+    # another K is another length, priced off the same curve
+    assert pair.chain_length("chain", 5) is not length and pair.chain_lengths["chain"].most == 5
+    assert set(calibrated) <= set(pair.chain_lengths["chain"].verify_seconds)
+
+
 def test_plain_decoding_makes_one_token_per_target_call_when_a_stop_token_ends_it(tiny_pair):
     # The call that produced the stop token counts, so the stop token counts too (issue 13: `ar` showed 0.88).
     first = run(tiny_pair.generate([Message("user", "w9")], DecodeSettings(method="ar", max_new_tokens=5)))[-1]
