@@ -139,13 +139,19 @@ def test_demo_target_answers_a_real_question(demo_target):
     assert "".join(e.text for e in events if isinstance(e, TextDelta)) == finished.text
 
 
-def test_trees_are_calibrated_once_at_load_so_no_reply_waits_for_it(make_word_tokenizer, monkeypatch):
+def calibrated_pair_with_a_draft(make_word_tokenizer) -> LoadedPair:
+    """A tiny target and draft whose tree verify costs were measured, as load_pair does."""
     tokenizer = make_word_tokenizer(WORDS, chat_template=TEMPLATE, eos_token="<pad>")
     target = LoadedModel(tiny_llama(seed=3, vocab_size=64), tokenizer, torch.device("cpu"), torch.float32, "fp32", "tiny", context_length=96)
     draft = LoadedModel(tiny_llama(seed=4, vocab_size=64), tokenizer, torch.device("cpu"), torch.float32, "fp32", "tiny", context_length=96)
     pair = LoadedPair(PairConfig("tiny", ModelSpec("tiny"), ModelSpec("tiny-draft")), target, draft)
     pair.stop_token_ids = frozenset()
     pair.calibrate_trees()
+    return pair
+
+
+def test_trees_are_calibrated_once_at_load_so_no_reply_waits_for_it(make_word_tokenizer, monkeypatch):
+    pair = calibrated_pair_with_a_draft(make_word_tokenizer)
     shapes = pair.auto_tree_shapes
     assert set(shapes) == {"tree", "staged"}
     assert shapes["tree"].verify_seconds and shapes["tree"].verify_seconds == shapes["staged"].verify_seconds
@@ -161,12 +167,7 @@ def test_trees_are_calibrated_once_at_load_so_no_reply_waits_for_it(make_word_to
 
 
 def test_chains_keep_their_length_across_replies_priced_by_the_verify_curve_measured_at_load(make_word_tokenizer):
-    tokenizer = make_word_tokenizer(WORDS, chat_template=TEMPLATE, eos_token="<pad>")
-    target = LoadedModel(tiny_llama(seed=3, vocab_size=64), tokenizer, torch.device("cpu"), torch.float32, "fp32", "tiny", context_length=96)
-    draft = LoadedModel(tiny_llama(seed=4, vocab_size=64), tokenizer, torch.device("cpu"), torch.float32, "fp32", "tiny", context_length=96)
-    pair = LoadedPair(PairConfig("tiny", ModelSpec("tiny"), ModelSpec("tiny-draft")), target, draft)
-    pair.stop_token_ids = frozenset()
-    pair.calibrate_trees()
+    pair = calibrated_pair_with_a_draft(make_word_tokenizer)
     settings = DecodeSettings(method="chain", max_new_tokens=12, draft_tokens=3)
     run(pair.generate([Message("user", "w1 w2 w3")], settings))
     length = pair.chain_lengths["chain"]
