@@ -17,9 +17,9 @@ A pair keeps one per drafter across replies (session.py), and its verify costs s
 curve the pair measured at load for its tree shapes (`seed`): with nothing measured, a chain
 drafted K tokens and priced every other length like K + 1, so it stayed at K for its first
 reply. On a weight-random Llama-3.1-8B shape at 4 bits on 2 cores a verify of 2 tokens cost
-what a step did (~0.12 s) and one of 5 ~1.8 steps, so at acceptance rates (0.6, 0.36, 0.22,
-0.13) chains of 4 wrote 1.15x plain decoding where chains of 1-2 pay far more
-(docs/BENCHMARKS.md).
+what a step did (~0.12 s) and one of 5 ~1.8 steps: at acceptance rates (0.6, 0.36, 0.22,
+0.13) chains of 4 wrote 1.15x plain decoding, chains of measured length (1.3-1.8 tokens on
+average) 1.13x and 1.38x in two runs (docs/BENCHMARKS.md).
 """
 from __future__ import annotations
 
