@@ -48,6 +48,16 @@ static inline const uint8_t *codes_of(const uint8_t *scale_bytes, int64_t g) {
     return factors_of(scale_bytes, g) + FACTOR_BYTES + (g % SUPER_GROUPS) * CODE_BYTES;
 }
 
+/* Asks for the weight bytes 16 groups on (4 KB: the rest of this block, then the next block's,
+ * which follow it) while this group is multiplied. The hardware prefetcher alone does not run
+ * far enough ahead: with 4-8 tokens a group costs enough instructions that the loads wait on
+ * memory, and a verify of 8 tokens read its weights at 16 GB/s where one token reads them at
+ * 50 (measured on a Zen 5 EPYC: with this, 41 GB/s and 2.6x faster; 2-16 KB ahead all alike). */
+#define PREFETCH_BYTES 4096
+static inline void prefetch_ahead(const uint8_t *group) {
+    for (int line = 0; line < GROUP_BYTES; line += 64) __builtin_prefetch(group + PREFETCH_BYTES + line, 0, 3);
+}
+
 /* A bf16 scale as float32 (exact: bf16 is float32's top half). */
 static inline float bf16_to_float(uint16_t bits) {
     uint32_t wide = (uint32_t)bits << 16;
@@ -100,6 +110,7 @@ static inline __attribute__((always_inline)) void block_tile(const uint8_t *pack
     for (int t = 0; t < count; t++) total[t] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *bytes = packed + g * GROUP_BYTES;
+        prefetch_ahead(bytes);
         __m512i quads[8]; /* quad q: inputs 4q..4q+3 of each row, a lane a row */
         for (int v = 0; v < 4; v++) {
             __m512i vector = _mm512_loadu_si512(bytes + 64 * v);
@@ -121,10 +132,12 @@ static inline __attribute__((always_inline)) void block_tile(const uint8_t *pack
             /* two chains of 4, not one of 8: a step waits on each VPDPBUSD's latency */
             __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
             for (int q = 0; q < 8; q += 2) {
-                int32_t four[2];
-                memcpy(four, mine + 4 * q, 8);
-                even = _mm512_dpbusd_epi32(even, quads[q], _mm512_set1_epi32(four[0]));
-                odd = _mm512_dpbusd_epi32(odd, quads[q + 1], _mm512_set1_epi32(four[1]));
+                /* 4 bytes at a time: broadcast straight from memory, not through a general register */
+                int32_t first, second;
+                memcpy(&first, mine + 4 * q, 4);
+                memcpy(&second, mine + 4 * q + 4, 4);
+                even = _mm512_dpbusd_epi32(even, quads[q], _mm512_set1_epi32(first));
+                odd = _mm512_dpbusd_epi32(odd, quads[q + 1], _mm512_set1_epi32(second));
             }
             __m512 scale = _mm512_mul_ps(weight_scale, _mm512_set1_ps(scales[t * groups + g]));
             __m512 part = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(even, odd)), scale);
@@ -213,6 +226,7 @@ static inline __attribute__((always_inline)) void block_tile(const uint8_t *pack
     __m256 total[TILE][2];
     for (int t = 0; t < count; t++) total[t][0] = total[t][1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
+        prefetch_ahead(packed + g * GROUP_BYTES);
         for (int half = 0; half < 2; half++) {
             __m256i quads[8];
             for (int v = 0; v < 4; v++) {
@@ -287,6 +301,7 @@ static void block_outputs(const uint8_t *packed, const uint8_t *scale_bytes, con
         for (int64_t t = 0; t < count; t++)
             for (int r = 0; r < BLOCK_ROWS; r++) total[t][r] = 0.0f;
         for (int64_t g = 0; g < groups; g++) {
+            prefetch_ahead(packed + g * GROUP_BYTES);
             block_sums(packed + g * GROUP_BYTES, levels + first * k + g * GROUP, k, count, sums);
             float weight_scale[BLOCK_ROWS], weight_minimum[BLOCK_ROWS];
             const uint8_t *factors = factors_of(scale_bytes, g), *codes = codes_of(scale_bytes, g);
