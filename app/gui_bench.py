@@ -12,7 +12,10 @@ prompt and in turn first, so that drift of the machine and a method's learning h
 - the longest gap between two updates of the reply's text on screen, from its first text to
   its end.
 
-Both runs of a prompt use the same seed and start from empty caches.
+Both runs of a prompt use the same seed and start from empty caches. With `one_conversation`
+every prompt of a method goes into one chat, as a user writes one: both runs of a prompt then
+get the same earlier turns (the window's own replies) and read them all again, so that the
+window's cost is measured with the conversation it has to lay out.
 """
 from __future__ import annotations
 
@@ -104,10 +107,11 @@ class RecordingEngine:
 
 def run_gui_bench(
     engine: Any, pair: PairConfig, prompts: list[str], method_names: list[str], settings: DecodeSettings,
-    progress: Callable[[str], None] = lambda _line: None,
+    progress: Callable[[str], None] = lambda _line: None, one_conversation: bool = False,
 ) -> dict:
     """Open a window over `engine`, load `pair`, run every prompt with every method through the
-    engine alone and through the window; the figures, per method. Needs a QApplication."""
+    engine alone and through the window (each prompt in a new chat, or with `one_conversation`
+    all of a method's prompts in one); the figures, per method. Needs a QApplication."""
     from .main_window import MainWindow
 
     recording = RecordingEngine(engine)
@@ -131,8 +135,11 @@ def run_gui_bench(
             _warm_up(loaded, settings.with_changes(method=method, max_new_tokens=8), engine_thread)
             for index, prompt in enumerate(prompts):
                 run_settings = settings.with_changes(method=method, seed=index)
-                alone = lambda: _run_headless(loaded, prompt, index, run_settings, engine_thread)  # noqa: E731
-                shown = lambda: _run_in_window(window, loaded, prompt, index, run_settings)  # noqa: E731
+                new_chat = not one_conversation or index == 0
+                earlier = [] if new_chat else _turns_so_far(window)
+                messages = [*earlier, Message("user", prompt)]
+                alone = lambda: _run_headless(loaded, messages, index, run_settings, engine_thread)  # noqa: E731
+                shown = lambda: _run_in_window(window, loaded, prompt, index, run_settings, new_chat)  # noqa: E731
                 # Who goes first alternates: a method that learns as it runs (`auto`'s trials,
                 # its speed record) then pays for its learning on both paths alike.
                 if index % 2 == 0:
@@ -157,7 +164,8 @@ def run_gui_bench(
                     "cpu_cores": os.cpu_count()},
         "runtime": description.get("runtime"),
         "qt_platform": os.environ.get("QT_QPA_PLATFORM", ""),
-        "settings": {"temperature": settings.temperature, "max_new_tokens": settings.max_new_tokens},
+        "settings": {"temperature": settings.temperature, "max_new_tokens": settings.max_new_tokens,
+                     "one_conversation": one_conversation},
         "seconds": time.perf_counter() - started,
         "methods": [figures.summary() for figures in results],
     }
@@ -165,7 +173,13 @@ def run_gui_bench(
 
 def _warm_up(pair: Any, settings: DecodeSettings, engine_thread: Any) -> None:
     """One short reply first, so neither path pays for first-call costs the other does not."""
-    _run_headless(pair, "Hello", -1, settings, engine_thread)
+    _run_headless(pair, [Message("user", "Hello")], -1, settings, engine_thread)
+
+
+def _turns_so_far(window: Any) -> list[Message]:
+    """The window's open chat, as the engine is given it."""
+    controller = window.controller
+    return [Message(stored.role, stored.content) for stored in controller.store.messages(controller.conversation_id)]
 
 
 def _reset_caches(pair: Any) -> None:
@@ -174,7 +188,7 @@ def _reset_caches(pair: Any) -> None:
         pair.reset_caches()
 
 
-def _run_headless(pair: Any, prompt: str, index: int, settings: DecodeSettings, on_thread_of: Any) -> RunFigures:
+def _run_headless(pair: Any, messages: list[Message], index: int, settings: DecodeSettings, on_thread_of: Any) -> RunFigures:
     """The engine alone, on the app's engine thread (`on_thread_of`, its worker object); the
     window's thread meanwhile only waits. Not on a fresh thread: each thread keeps its own
     OpenMP threads, and two teams on two cores made the headless replies run at a third of
@@ -185,7 +199,7 @@ def _run_headless(pair: Any, prompt: str, index: int, settings: DecodeSettings, 
         try:
             _reset_caches(pair)
             begun = time.perf_counter()
-            for event in pair.generate([Message("user", prompt)], settings.with_changes(stats_every_s=1e9)):
+            for event in pair.generate(messages, settings.with_changes(stats_every_s=1e9)):
                 if isinstance(event, Finished):
                     outcome["finished"] = event
             outcome["seconds"] = time.perf_counter() - begun
@@ -243,10 +257,12 @@ class _ReplyWatch:
         )
 
 
-def _run_in_window(window: Any, pair: Any, prompt: str, index: int, settings: DecodeSettings) -> RunFigures:
-    """The prompt typed into a new chat and sent with the Send button, as a user sends it."""
+def _run_in_window(window: Any, pair: Any, prompt: str, index: int, settings: DecodeSettings, new_chat: bool = True) -> RunFigures:
+    """The prompt typed into a new chat (or the open one) and sent with the Send button, as a
+    user sends it."""
     window.set_decoding(settings)
-    window.controller.new_conversation()
+    if new_chat:
+        window.controller.new_conversation()
     _reset_caches(pair)  # the worker is idle between replies
     watch = _ReplyWatch()
     client = window.client
@@ -304,13 +320,15 @@ def format_report(report: dict) -> str:
         )
     lines.append(
         f"{report['pair']} ({report['runtime']}), T = {report['settings']['temperature']:g}, "
-        f"up to {report['settings']['max_new_tokens']} tokens, Qt platform {report['qt_platform'] or 'default'}"
+        f"up to {report['settings']['max_new_tokens']} tokens, "
+        f"{'every prompt in one chat' if report['settings'].get('one_conversation') else 'each prompt in a new chat'}, "
+        f"Qt platform {report['qt_platform'] or 'default'}"
     )
     return "\n".join(lines)
 
 
 def command(pair: PairConfig, prompts: list[str], method_names: list[str], settings: DecodeSettings,
-            json_out: Path | None, engine: Any = None) -> int:
+            json_out: Path | None, engine: Any = None, one_conversation: bool = False) -> int:
     """`tandem gui-bench`: the bench on the real engine (or `engine`), its chats and settings in
     a temporary folder; prints the table (progress to stderr) and writes the figures to `json_out`."""
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -332,7 +350,9 @@ def command(pair: PairConfig, prompts: list[str], method_names: list[str], setti
                 from .engine_api import LocalEngine
 
                 engine = LocalEngine()
-            report = run_gui_bench(engine, pair, prompts, method_names, settings, lambda line: print(line, file=sys.stderr))
+            report = run_gui_bench(
+                engine, pair, prompts, method_names, settings, lambda line: print(line, file=sys.stderr), one_conversation
+            )
         finally:
             if previous_home is None:
                 os.environ.pop(paths.HOME_VARIABLE, None)

@@ -197,6 +197,11 @@ def _parser() -> argparse.ArgumentParser:
         help=f"0 is greedy (default: {CHAT_DEFAULT_TEMPERATURE:g}, the app's)",
     )
     gui_bench.add_argument("--max-new-tokens", type=int, default=256, help="longest reply (default: 256)")
+    gui_bench.add_argument(
+        "--one-conversation", action="store_true",
+        help="send a method's prompts into one chat, as a user writes one (both paths get the earlier turns); "
+        "default: each prompt in a new chat",
+    )
     gui_bench.add_argument("--json", type=Path, dest="json_out", help="write the figures here")
     gui_bench.set_defaults(run=_run_gui_bench)
 
@@ -436,4 +441,6 @@ def _run_gui_bench(args: argparse.Namespace) -> int:
     if unknown or not names:
         raise ConfigError(f"unknown method {unknown[0]!r}" if unknown else "no method given")
     settings = DecodeSettings(temperature=args.temperature, max_new_tokens=args.max_new_tokens)
-    return app_gui_bench.command(_pair_from_args(args), prompts, names, settings, args.json_out)
+    return app_gui_bench.command(
+        _pair_from_args(args), prompts, names, settings, args.json_out, one_conversation=args.one_conversation
+    )

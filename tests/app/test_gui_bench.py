@@ -50,11 +50,34 @@ def test_the_report_counts_the_tokens_the_engine_wrote_and_times_the_window(qtbo
 
 def test_the_command_line_runs_the_app_bench_with_its_options(monkeypatch, tmp_path):
     calls = []
-    monkeypatch.setattr(gui_bench, "command", lambda *args: calls.append(args) or 0)
+    monkeypatch.setattr(gui_bench, "command", lambda *args, **options: calls.append((args, options)) or 0)
     argv = ["gui-bench", "--limit", "2", "--methods", "ar,default", "--temperature", "0", "--max-new-tokens", "32",
             "--json", str(tmp_path / "out.json")]
     assert cli.main(argv) == 0
-    pair, prompts, names, settings, json_out = calls[0]
+    (pair, prompts, names, settings, json_out), options = calls[0]
     assert pair == demo_pair() and len(prompts) == 2 and names == ["ar", "default"]
     assert settings.temperature == 0 and settings.max_new_tokens == 32 and json_out == tmp_path / "out.json"
+    assert options == {"one_conversation": False}
+    assert cli.main([*argv, "--one-conversation"]) == 0 and calls[1][1] == {"one_conversation": True}
     assert cli.main(["gui-bench", "--methods", "warp"]) == 2  # an unknown method is refused before any load
+
+
+def test_in_one_conversation_both_paths_get_the_earlier_turns(qtbot, tmp_path):
+    engine = FakeEngine(reply=REPLY, token_delay_s=0.005, stats_every_round=False)
+    prompts = ["First question.", "Second question.", "Third question."]
+    settings = DecodeSettings(temperature=0.7, max_new_tokens=64)
+    json_out = tmp_path / "figures.json"
+    assert gui_bench.command(demo_pair(), prompts, ["ar"], settings, json_out, engine=engine, one_conversation=True) == 0
+
+    report = json.loads(json_out.read_text())
+    assert report["settings"]["one_conversation"] is True
+    asked = [[(m.role, m.content) for m in messages] for messages, _settings, _system in engine.requests
+             if messages[-1].content in prompts]
+    assert len(asked) == 2 * len(prompts)  # each prompt alone and in the window
+    for index, prompt in enumerate(prompts):
+        both = [messages for messages in asked if messages[-1] == ("user", prompt)]
+        assert len(both) == 2 and both[0] == both[1]  # the same turns on both paths
+        earlier = both[0][:-1]
+        assert [role for role, _ in earlier] == ["user", "assistant"] * index
+        assert [text for role, text in earlier if role == "user"] == prompts[:index]
+        assert all(text == REPLY for role, text in earlier if role == "assistant")  # the window's own replies
