@@ -62,8 +62,9 @@ def test_rounds_that_read_a_prompt_leave_the_verify_costs_alone():
     assert length.verify_seconds == {}
 
 
-# A weight-random Llama-3.1-8B shape at 4 bits on 2 cores (docs/BENCHMARKS.md): a verify of 2
-# tokens costs what a step does, one of 4 half as much again.
+# A weight-random Llama-3.1-8B shape at 4 bits on 2 cores, as measured before the int4 product
+# fetched its weights ahead (docs/BENCHMARKS.md): a verify of 2 tokens costs what a step does,
+# one of 4 half as much again.
 EIGHT_B_CURVE = {1: 0.12, 2: 0.12, 4: 0.18, 8: 0.32, 16: 0.47}
 
 
