@@ -19,7 +19,8 @@ drafted K tokens and priced every other length like K + 1, so it stayed at K for
 reply. On a weight-random Llama-3.1-8B shape at 4 bits on 2 cores a verify of 2 tokens cost
 what a step did (~0.12 s) and one of 5 ~1.8 steps: at acceptance rates (0.6, 0.36, 0.22,
 0.13) chains of 4 wrote 1.15x plain decoding, chains of measured length (1.3-1.8 tokens on
-average) 1.13x and 1.38x in two runs (docs/BENCHMARKS.md).
+average) 1.13x and 1.38x in two runs (docs/BENCHMARKS.md). Since the int4 product fetches its
+weights ahead, a verify of 8 tokens there costs 1.3-2x a step, and the measured length is ~3.
 """
 from __future__ import annotations
 
