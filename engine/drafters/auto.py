@@ -6,7 +6,8 @@ seconds per token per candidate, kept across replies and across starts (a small 
 the cache, per pair and machine).
 
 With no record (the first start on a machine), plain decoding runs first, and each other
-candidate is tried for TRIAL_ROUNDS rounds as what that costs allows: a trial round runs only
+candidate, in the order it is given (methods.trial_order: chains first where wide verifies
+cost more than a step, as on a CPU), is tried for TRIAL_ROUNDS rounds as what that costs allows: a trial round runs only
 while the time trials have lost against the fastest tried so far (a round's time less what
 the fastest would have taken for its tokens; a trial that is faster earns time back), plus one
 more of the fastest's rounds, stays within TRIAL_SHARE of this process's decoding time. Where

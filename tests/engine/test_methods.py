@@ -384,3 +384,25 @@ def test_trials_lose_at_most_their_share_where_drafting_does_not_pay():
         lost += (cost[name] - cost["ar"]) * kept[name]
         assert lost <= TRIAL_SHARE * decoding + max(cost[each] * kept[each] for each in cost)  # and the round under way
     assert decoding < 60  # every candidate was tried all the same
+
+
+def test_auto_tries_trees_first_where_wide_verifies_are_cheap_and_chains_first_where_not():
+    flat = {1: 0.010, 8: 0.011}.get  # a GPU: 8 tokens cost what one does
+    steep = {1: 0.024, 8: 0.032}.get  # a 2-core CPU: 8 tokens cost a third more
+    assert methods.trial_order(flat) == methods.AUTO_CANDIDATES
+    assert methods.trial_order(lambda tokens: None) == methods.AUTO_CANDIDATES  # nothing measured
+    order = methods.trial_order(steep)
+    assert sorted(order) == sorted(methods.AUTO_CANDIDATES)
+    assert order.index("chain") < order.index("tree") and order.index("chain") < order.index("staged")
+    assert order.index("eagle") < order.index("eagle-tree")
+
+
+@pytest.mark.parametrize("curve, first", [({1: 0.010, 2: 0.010, 8: 0.011}, "eagle-tree"), ({1: 0.024, 2: 0.025, 8: 0.032}, "eagle")])
+def test_a_fresh_auto_first_tries_what_the_pairs_verify_costs_favour(full_pair, curve, first):
+    full_pair.chain_length("chain", DecodeSettings().draft_tokens).seed(curve)
+    full_pair.speed_record = SpeedRecord()
+    for _ in range(TRIAL_ROUNDS):
+        full_pair.speed_record.add("ar", 0.01, 1)
+    chooser = methods.method("auto").drafter(full_pair, DecodeSettings())
+    untried = [name for name in chooser.record.ranked(list(chooser.candidates)) if name != "ar"]
+    assert untried[0] == first
