@@ -2,7 +2,7 @@
 input box with Send / Stop."""
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtCore import QEvent, QRect, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeyEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QFrame,
@@ -20,6 +20,46 @@ from PySide6.QtWidgets import (
 from .message_widget import MessageWidget
 from .storage import StoredMessage
 
+FOLLOW_DELAY_MS = 5  # after the window's paint of the change that made the view taller
+
+
+class MessageColumn(QWidget):
+    """The messages, top to bottom: the scroll area's content, drawn so that a streaming reply
+    costs the window only the text that changed (issue 45).
+
+    - Its size hint is its layout's at the width it has. Qt's own is the layout's height at the
+      layout's preferred width, the widest first line among the messages, which grows as a
+      reply streams in: at each such width every earlier message laid its text out again (a
+      width no label had cached) and repainted.
+    - Its contents are static: when it grows, only the new strip is painted, where Qt painted
+      all of it (so, each time the view followed the reply down a line, everything in view).
+    - It has no background of its own (the view's shows through): Qt scrolls such a widget by
+      moving its pixels, where a style sheet's background made it paint everything again.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.setAttribute(Qt.WidgetAttribute.WA_StaticContents)
+
+    def sizeHint(self) -> QSize:  # noqa: N802 (Qt's name)
+        layout = self.layout()
+        preferred = layout.sizeHint()
+        if not layout.hasHeightForWidth():
+            return preferred
+        return QSize(preferred.width(), layout.totalHeightForWidth(self.width()))
+
+
+class MessageColumnLayout(QVBoxLayout):
+    """The column's messages, each at its full height even while the column is shorter.
+
+    When a reply grows, the column lays its messages out before the scroll area makes the
+    column taller: a plain box then squeezed every message into the old height for a moment,
+    moving and painting them all, and gave them back their heights a moment later."""
+
+    def setGeometry(self, rect: QRect) -> None:  # noqa: N802 (Qt's name)
+        needed = self.heightForWidth(rect.width()) if self.hasHeightForWidth() else rect.height()
+        super().setGeometry(rect if needed <= rect.height() else QRect(rect.x(), rect.y(), rect.width(), needed))
+
 
 class ChatView(QScrollArea):
     """Messages top to bottom; follows a streaming reply while the user is at the bottom."""
@@ -34,9 +74,9 @@ class ChatView(QScrollArea):
         self.setWidgetResizable(True)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setFrameShape(QFrame.Shape.NoFrame)
-        container = QWidget()
+        container = MessageColumn()
         container.setObjectName("chatContainer")
-        self._layout = QVBoxLayout(container)
+        self._layout = MessageColumnLayout(container)
         self._layout.setContentsMargins(16, 12, 16, 12)
         self._layout.setSpacing(10)
         self.placeholder = QLabel()
@@ -49,6 +89,11 @@ class ChatView(QScrollArea):
         self.messages: list[MessageWidget] = []
         self._show_provenance = False
         self._stick_to_bottom = True
+        # The view follows a growing reply once its growth is painted: scrolled within the same
+        # layout pass, the move found part of the content not yet drawn, and Qt painted all of
+        # it again rather than moving its pixels.
+        self._follow_timer = QTimer(self, singleShot=True, interval=FOLLOW_DELAY_MS)
+        self._follow_timer.timeout.connect(self._to_bottom)
         self.verticalScrollBar().valueChanged.connect(self._remember_position)
         self.verticalScrollBar().rangeChanged.connect(self._follow)
 
@@ -113,9 +158,13 @@ class ChatView(QScrollArea):
     def _remember_position(self, value: int) -> None:
         self._stick_to_bottom = value >= self.verticalScrollBar().maximum() - 8
 
-    def _follow(self, _minimum: int, maximum: int) -> None:
+    def _follow(self, _minimum: int, _maximum: int) -> None:
+        if self._stick_to_bottom and not self._follow_timer.isActive():
+            self._follow_timer.start()
+
+    def _to_bottom(self) -> None:
         if self._stick_to_bottom:
-            self.verticalScrollBar().setValue(maximum)
+            self.verticalScrollBar().setValue(self.verticalScrollBar().maximum())
 
 
 class InputBox(QPlainTextEdit):

@@ -144,6 +144,9 @@ class MarkdownView(QWidget):
 
     def __init__(self):
         super().__init__()
+        # Transparent, so what it shows is its blocks': when a block grows, only the new
+        # strip and the blocks that moved are painted, not the whole reply (see MessageColumn).
+        self.setAttribute(Qt.WidgetAttribute.WA_StaticContents)
         self._layout = QVBoxLayout(self)
         self._layout.setContentsMargins(0, 0, 0, 0)
         self._layout.setSpacing(6)
@@ -245,6 +248,10 @@ class MessageWidget(QFrame):
         self.message_id = message.id
         self.role = message.role
         self.setObjectName("userMessage" if message.role == "user" else "assistantMessage")
+        if message.role == "assistant":
+            # A reply has no background or border of its own (a question's bubble has, and is
+            # painted whole): as it grows, only its new strip and the rows that moved are painted.
+            self.setAttribute(Qt.WidgetAttribute.WA_StaticContents)
         self._text = message.content
         self._runs: Runs = list(message.provenance)
         self._show_provenance = show_provenance

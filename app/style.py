@@ -18,7 +18,6 @@ def stylesheet(palette: QPalette) -> str:
     approximate_background = "#4d3d12" if dark else "#fff1c7"
     exact_background = "#1f4a2a" if dark else "#dff3df"
     return f"""
-QWidget#chatContainer {{ background: palette(base); }}
 QFrame#userMessage {{ background: {user_bubble}; border-radius: 10px; }}
 QFrame#assistantMessage {{ background: transparent; }}
 QFrame#codeBlock {{ background: {code_background}; border: 1px solid palette(mid); border-radius: 6px; }}
