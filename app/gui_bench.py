@@ -81,6 +81,10 @@ class MethodFigures:
             "main_thread_cpu_share": sum(run.main_thread_cpu_s for run in self.app) / streaming if streaming > 0 else None,
             "updates_per_s": sum(run.updates for run in self.app) / streaming if streaming > 0 else None,
             "longest_gap_s": max((run.longest_gap_s for run in self.app), default=0.0),
+            # A method that does not write the same reply on both paths (`auto` learns as it
+            # goes and chooses differently) compares unequal work: a shorter reply to a long
+            # conversation pays the same reading for fewer tokens.
+            "unequal_replies": sum(e.tokens != a.tokens for e, a in zip(self.engine, self.app)),
             "per_prompt": [{"engine": asdict(e), "app": asdict(a)} for e, a in zip(self.engine, self.app)],
         }
 
@@ -318,6 +322,12 @@ def format_report(report: dict) -> str:
             f"{(f'{share:.0%}' if share is not None else '-'):>13} "
             f"{(row['updates_per_s'] or 0):>9.1f} {row['longest_gap_s'] * 1000:>8.0f} ms"
         )
+    for row in report["methods"]:
+        if row.get("unequal_replies"):
+            lines.append(
+                f"{row['method']}: {row['unequal_replies']} of {row['prompts']} replies differ between the paths "
+                f"({row['engine_tokens']} tokens alone, {row['app_tokens']} in the window): its ratio compares unequal work"
+            )
     lines.append(
         f"{report['pair']} ({report['runtime']}), T = {report['settings']['temperature']:g}, "
         f"up to {report['settings']['max_new_tokens']} tokens, "

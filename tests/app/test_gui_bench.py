@@ -26,7 +26,7 @@ def test_the_report_counts_the_tokens_the_engine_wrote_and_times_the_window(qtbo
     reply_tokens = len(words(REPLY))
     for row in report["methods"]:
         assert row["prompts"] == len(PROMPTS)
-        assert row["engine_tokens"] == row["app_tokens"] == reply_tokens * len(PROMPTS)
+        assert row["engine_tokens"] == row["app_tokens"] == reply_tokens * len(PROMPTS) and row["unequal_replies"] == 0
         for run in row["per_prompt"]:
             app = run["app"]
             assert app["tokens"] == run["engine"]["tokens"] == reply_tokens
@@ -46,6 +46,21 @@ def test_the_report_counts_the_tokens_the_engine_wrote_and_times_the_window(qtbo
         first, second = replies[4 * method: 4 * method + 4][:2], replies[4 * method: 4 * method + 4][2:]
         assert [prompt for prompt, _ in first] == [PROMPTS[0]] * 2 and [prompt for prompt, _ in second] == [PROMPTS[1]] * 2
         assert first[0][1] != first[1][1] and second[0][1] == first[1][1] and second[1][1] == first[0][1]
+
+
+def test_the_report_says_where_the_two_paths_wrote_replies_of_different_lengths():
+    same = gui_bench.MethodFigures("ar", [gui_bench.RunFigures(0, 80, 0.4)], [gui_bench.RunFigures(0, 80, 0.45)])
+    unequal = gui_bench.MethodFigures(
+        "auto", [gui_bench.RunFigures(0, 256, 1.8), gui_bench.RunFigures(1, 90, 0.5)],
+        [gui_bench.RunFigures(0, 133, 1.3), gui_bench.RunFigures(1, 90, 0.55)],
+    )
+    rows = [same.summary(), unequal.summary()]
+    assert [row["unequal_replies"] for row in rows] == [0, 1]
+    report = {"pair": "demo", "runtime": "fake", "qt_platform": "offscreen", "methods": rows,
+              "settings": {"temperature": 0.7, "max_new_tokens": 256, "one_conversation": True}}
+    notes = [line for line in gui_bench.format_report(report).splitlines() if "differ" in line]
+    assert notes == ["auto: 1 of 2 replies differ between the paths (346 tokens alone, 223 in the window): "
+                     "its ratio compares unequal work"]
 
 
 def test_the_command_line_runs_the_app_bench_with_its_options(monkeypatch, tmp_path):
