@@ -3,7 +3,7 @@ input box with Send / Stop."""
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QRect, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QKeyEvent, QKeySequence, QShortcut
+from PySide6.QtGui import QAction, QKeyEvent, QKeySequence, QPainter, QPaintEvent, QShortcut
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -33,13 +33,17 @@ class MessageColumn(QWidget):
       width no label had cached) and repainted.
     - Its contents are static: when it grows, only the new strip is painted, where Qt painted
       all of it (so, each time the view followed the reply down a line, everything in view).
-    - It has no background of its own (the view's shows through): Qt scrolls such a widget by
-      moving its pixels, where a style sheet's background made it paint everything again.
+    - It paints its background itself and says so (an opaque widget): Qt scrolls such a widget
+      by moving its pixels, where with a style sheet's background it painted everything again.
     """
 
     def __init__(self):
         super().__init__()
         self.setAttribute(Qt.WidgetAttribute.WA_StaticContents)
+        self.setAttribute(Qt.WidgetAttribute.WA_OpaquePaintEvent)
+
+    def paintEvent(self, event: QPaintEvent) -> None:  # noqa: N802 (Qt's name)
+        QPainter(self).fillRect(event.rect(), self.palette().base())
 
     def sizeHint(self) -> QSize:  # noqa: N802 (Qt's name)
         layout = self.layout()

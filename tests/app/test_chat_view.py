@@ -70,3 +70,17 @@ def test_the_windows_shortcuts_work_while_the_message_box_has_the_focus(ready_wi
     window.export_chat_action.setShortcut(QKeySequence("Ctrl+E"))
     qtbot.keyClick(box, Qt.Key.Key_A, Qt.KeyboardModifier.ControlModifier)
     assert len(exports) == 2 and box.textCursor().selectedText() == "a draft"
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_the_conversation_sits_on_the_palettes_base_colour(ready_window, qtbot, theme):
+    """The message column paints its own background (app/chat_view.py's MessageColumn), in the
+    theme's base colour, as a text area's."""
+    window = ready_window(FakeEngine(reply="A short reply."))
+    window.set_theme(theme)
+    send_and_wait(qtbot, window, "Hello")
+    view = window.pane.view
+    qtbot.wait(20)
+    picture = view.viewport().grab().toImage()
+    corner = picture.pixelColor(2, picture.height() - 2)  # the column's margin, below the reply
+    assert corner == view.widget().palette().base().color()
