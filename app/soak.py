@@ -10,7 +10,8 @@ pane's Stop button after their first text, and every few replies a new conversat
 Then the checks:
 
 - memory: the process's resident memory after each reply past the warm-up stays within 5%
-  of the most it held during the warm-up;
+  of the most it held during the warm-up (reported beside it, where glibc tells it: the C
+  heap's blocks in use, which a leak raises and the free blocks glibc keeps do not);
 - threads: no Python thread started during the soak is alive after shut-down, and the
   engine's QThread has ended;
 - chats: the chats file, opened again from disk, holds every reply as it ended (a stopped
@@ -43,6 +44,7 @@ import psutil
 from PySide6.QtCore import QEvent, QEventLoop, QObject, QTimer, Slot
 from PySide6.QtWidgets import QApplication
 
+from engine import heap
 from engine.config import VERIFIERS, ConfigError, DecodeSettings, PairConfig
 from engine.events import Finished, TextDelta
 from engine.prompts import CHAT_PROMPTS, read_prompts
@@ -126,6 +128,7 @@ class ReplyRecord:
     tokens: int = 0
     seconds: float = 0.0
     rss_mb: float = 0.0  # the process's resident memory right after the reply
+    heap_mb: float | None = None  # the C heap's blocks in use right after it (engine/heap.py; None: unknown)
     os_threads: int = 0  # the process's threads right after the reply (native ones included)
     score: dict | None = None  # engine.tools.reply_score.ReplyScore.to_dict(), with `score_replies`
     rounds_by_method: dict[str, int] = dataclasses.field(default_factory=dict)  # `auto`'s rounds, by the method that ran each
@@ -175,17 +178,22 @@ class SoakReport:
         (+8.7%: 1,430 MB in the warm-up, 1,555 MB later, while the replies between loads grew
         from 1,141 to 1,189 MB). A leak, a pair never freed included, raises the replies between
         loads too."""
-        between = [reply.rss_mb for reply in self.replies[: self.plan.warmup] if not self._after_load(reply)]
-        later = [reply.rss_mb for reply in self.replies[self.plan.warmup :] if not self._after_load(reply)]
+        between = [reply for reply in self.replies[: self.plan.warmup] if not self._after_load(reply)]
+        later = [reply for reply in self.replies[self.plan.warmup :] if not self._after_load(reply)]
         if not between or not later:
             return None
-        reference, most, final = max(between), max(later), later[-1]
+        reference, most, final = max(r.rss_mb for r in between), max(r.rss_mb for r in later), later[-1].rss_mb
         loads = [reply.rss_mb for reply in self.replies if self._after_load(reply)]
-        return {
+        memory = {
             "warmup_peak_mb": reference, "most_after_warmup_mb": most, "final_mb": final,
             "max_drift": most / reference - 1, "final_drift": final / reference - 1,
             "most_after_a_load_mb": max(loads, default=0.0),
         }
+        if all(reply.heap_mb is not None for reply in between + later):
+            heap_reference, heap_most = max(r.heap_mb for r in between), max(r.heap_mb for r in later)
+            memory |= {"heap_warmup_peak_mb": heap_reference, "heap_most_after_warmup_mb": heap_most,
+                       "heap_max_drift": heap_most / heap_reference - 1}
+        return memory
 
     def _after_load(self, reply: ReplyRecord) -> bool:
         """Whether `reply` is the first after a pair was loaded (the soak's first, or a switch's)."""
@@ -203,7 +211,11 @@ class SoakReport:
                 f"between pair loads {memory['warmup_peak_mb']:.0f} MB at most in the first {plan.warmup} replies, "
                 f"{memory['most_after_warmup_mb']:.0f} MB at most after ({memory['max_drift']:+.1%}, "
                 f"limit {plan.memory_tolerance:+.0%}), {memory['final_mb']:.0f} MB at the end; "
-                f"{memory['most_after_a_load_mb']:.0f} MB at most right after a load (both pairs resident)",
+                f"{memory['most_after_a_load_mb']:.0f} MB at most right after a load (both pairs resident)"
+                + (f"; the C heap's blocks in use {memory['heap_warmup_peak_mb']:.0f} MB at most in the warm-up, "
+                   f"{memory['heap_most_after_warmup_mb']:.0f} MB after ({memory['heap_max_drift']:+.1%}: "
+                   f"a leak raises both figures, the free blocks glibc keeps only the resident one)"
+                   if "heap_max_drift" in memory else ""),
             )
         leaked = f"still running: {', '.join(self.leaked_threads)}" if self.leaked_threads else "none left running"
         engine_thread = "engine thread ended" if self.engine_thread_finished else "ENGINE THREAD STILL RUNNING"
@@ -449,6 +461,8 @@ class SoakDriver(QObject):
         reply.text, reply.stop_reason, reply.tokens = text, stop_reason, tokens
         reply.seconds = time.perf_counter() - self._started
         reply.rss_mb = self._process.memory_info().rss / 2**20
+        in_use = heap.in_use_bytes()
+        reply.heap_mb = in_use / 2**20 if in_use is not None else None
         reply.os_threads = self._process.num_threads()
         self.replies.append(reply)
         self._current = None

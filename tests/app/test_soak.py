@@ -3,8 +3,11 @@ passes, and each check fails when what it checks goes wrong."""
 from __future__ import annotations
 
 import json
+import platform
 import threading
 from dataclasses import dataclass, field
+
+import pytest
 
 from app import soak
 from app.soak import SoakPlan, run_soak
@@ -88,6 +91,16 @@ def test_memory_that_grows_after_the_warm_up_fails_the_memory_check(qtbot, tmp_p
     assert results(report) == ALL_PASS | {"memory": False}
     assert report.memory()["max_drift"] > 0.05
     assert report.memory()["most_after_warmup_mb"] - report.memory()["warmup_peak_mb"] > 4 * 40 * 0.9
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's heap account")
+def test_a_leak_shows_in_the_heaps_blocks_in_use_beside_resident_memory(qtbot, tmp_path):
+    report = soaked(HoardingEngine(), tmp_path)
+
+    memory = report.memory()
+    assert memory["heap_most_after_warmup_mb"] - memory["heap_warmup_peak_mb"] > 4 * 40 * 0.9
+    memory_line = next(check.detail for check in report.checks() if check.name == "memory")
+    assert f"the C heap's blocks in use {memory['heap_warmup_peak_mb']:.0f} MB" in memory_line
 
 
 @dataclass

@@ -99,13 +99,9 @@ MAPPED_BLOCKS = """
 import ctypes
 from engine import heap
 
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
-libc.mallinfo2.restype = MallInfo2
+libc.mallinfo2.restype = heap.MallInfo2
 mapped = lambda: libc.mallinfo2().hblks
 with heap.loading():
     before = mapped()
@@ -128,6 +124,49 @@ def test_a_pair_loads_into_blocks_of_their_own_and_replies_run_in_the_heap():
     root = Path(__file__).resolve().parents[3]
     output = subprocess.run([sys.executable, "-c", MAPPED_BLOCKS], cwd=root, capture_output=True, text=True, check=True).stdout
     assert output.split() == ["1", "0"]
+
+
+HELD_BUT_FREE = """
+import psutil
+from engine import heap
+
+def resident_mb():
+    return psutil.Process().memory_info().rss / 2**20
+
+def in_use_mb():
+    return heap.in_use_bytes() / 2**20
+
+resident, in_use = resident_mb(), in_use_mb()
+blocks = [bytearray(100_000) for _ in range(3000)]  # ~290 MB of heap blocks (under the mmap threshold)
+grown = in_use_mb() - in_use
+kept = blocks[::100]  # a block kept every 10 MB, so glibc keeps the freed ones between them
+del blocks
+print(len(kept), grown, resident_mb() - resident, in_use_mb() - in_use)
+"""
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's heap")
+def test_the_heap_in_use_counts_live_blocks_not_the_free_ones_glibc_keeps():
+    """What `tandem soak` reports beside resident memory, to tell a leak from glibc's keeping:
+    freed blocks held between live ones stay resident but leave the heap's count in use."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    output = subprocess.run([sys.executable, "-c", HELD_BUT_FREE], cwd=root, capture_output=True, text=True, check=True).stdout
+    kept, grown_mb, resident_mb, in_use_mb = output.split()
+    assert kept == "30"
+    assert float(grown_mb) > 250  # the live blocks counted
+    assert float(resident_mb) > 150  # the freed ones still resident
+    assert float(in_use_mb) < 10  # but no longer in use: the 30 kept are ~3 MB
+
+
+def test_the_heap_in_use_is_unknown_without_glibcs_mallinfo2(monkeypatch):
+    from engine import heap
+
+    monkeypatch.setattr(heap, "_glibc", lambda: None)
+    assert heap.in_use_bytes() is None
 
 
 def test_an_arena_cap_the_user_set_is_left_to_glibc(monkeypatch):
