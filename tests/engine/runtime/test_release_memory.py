@@ -2,10 +2,22 @@
 from __future__ import annotations
 
 import platform
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from engine.runtime.device import release_cached_memory
+
+ROOT = Path(__file__).resolve().parents[3]
+GLIBC_ONLY = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's heap")
+
+
+def in_a_fresh_process(script: str, *args: str) -> str:
+    """What `script` prints, run by a new interpreter: a test worker's heap already holds free
+    blocks and arenas from earlier tests."""
+    return subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
 
 HEAP_TRIM = """
@@ -25,16 +37,11 @@ print(len(kept), freed_but_held - before, resident_mb() - before)
 """
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's heap")
+@GLIBC_ONLY
 def test_memory_freed_inside_the_heap_goes_back_to_the_system():
     """In a fresh process: a test worker's heap already holds free blocks from earlier tests,
     which the new blocks would reuse without growing the resident size (CI saw +115 MB, not +290)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[3]
-    output = subprocess.run([sys.executable, "-c", HEAP_TRIM], cwd=root, capture_output=True, text=True, check=True).stdout
+    output = in_a_fresh_process(HEAP_TRIM)
     kept, held_mb, after_trim_mb = output.split()
     assert kept == "30"
     assert float(held_mb) > 150  # free() kept them
@@ -71,18 +78,11 @@ with tempfile.TemporaryFile() as report:
 
 def arenas_after_threads(capped: bool) -> tuple[str, int]:
     """(whether the cap took, arenas) in a fresh process whose 8 threads allocate at once."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[3]
-    output = subprocess.run(
-        [sys.executable, "-c", ARENA_COUNT, "capped" if capped else "free"], cwd=root, capture_output=True, text=True, check=True
-    ).stdout.split()
+    output = in_a_fresh_process(ARENA_COUNT, "capped" if capped else "free").split()
     return output[0], int(output[1])
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's heap")
+@GLIBC_ONLY
 def test_threads_share_the_capped_arenas_after_limit_arenas():
     """Threads that allocate at once each get an arena of their own (which scattered a pair's
     freed blocks over many arenas); after the cap they share heap.ARENAS. glibc's own report
@@ -113,16 +113,11 @@ print(mapped() - before)
 """
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's heap")
+@GLIBC_ONLY
 def test_a_pair_loads_into_blocks_of_their_own_and_replies_run_in_the_heap():
     """A 1 MB block allocated while a pair loads is mapped on its own (it goes back whole when
     the pair closes); one allocated afterwards, as a round's logits are, comes from the heap."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[3]
-    output = subprocess.run([sys.executable, "-c", MAPPED_BLOCKS], cwd=root, capture_output=True, text=True, check=True).stdout
+    output = in_a_fresh_process(MAPPED_BLOCKS)
     assert output.split() == ["1", "0"]
 
 
@@ -145,16 +140,11 @@ print(len(kept), grown, resident_mb() - resident, in_use_mb() - in_use)
 """
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc's heap")
+@GLIBC_ONLY
 def test_the_heap_in_use_counts_live_blocks_not_the_free_ones_glibc_keeps():
     """What `tandem soak` reports beside resident memory, to tell a leak from glibc's keeping:
     freed blocks held between live ones stay resident but leave the heap's count in use."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[3]
-    output = subprocess.run([sys.executable, "-c", HELD_BUT_FREE], cwd=root, capture_output=True, text=True, check=True).stdout
+    output = in_a_fresh_process(HELD_BUT_FREE)
     kept, grown_mb, resident_mb, in_use_mb = output.split()
     assert kept == "30"
     assert float(grown_mb) > 250  # the live blocks counted
