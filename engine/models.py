@@ -25,6 +25,7 @@ from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError, RepositoryNotFoundError
 from transformers import AutoTokenizer
 
+from . import tokenizer_shelf
 from .config import (
     CPU_DEFAULT_PRECISION, CUDA_DEFAULT_PRECISION, DEMO_TARGET, DRAFT_CPU_DEFAULT_PRECISION, DRAFT_DEFAULT_PRECISION,
     LLAMACPP_TARGET_PRECISION, STORED, ModelSpec,
@@ -511,6 +512,10 @@ def _remove_stale_partials(destination: Path) -> None:
 
 
 def _load_tokenizer(folder: Path) -> Any:
+    return tokenizer_shelf.tokenizer_for(folder, _read_tokenizer)
+
+
+def _read_tokenizer(folder: Path) -> Any:
     try:
         return AutoTokenizer.from_pretrained(folder)
     except READ_ERRORS as error:

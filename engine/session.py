@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from . import heap, methods
+from . import heap, methods, tokenizer_shelf
 from .chat_prompt import Message, build_prompt, build_text_prompt, reply_to_continue
 from .compat import check_pair_compatible
 from .config import ConfigError, DecodeSettings, PairConfig
@@ -546,6 +546,8 @@ def load_pair(config: PairConfig, progress: ProgressCallback | None = None, choi
                 saved = None
                 pair = _open_pair(config, progress, report, None)
     pair.runtime_choice = saved
+    # The pair before this one may share a model with it; what it does not, goes now.
+    tokenizer_shelf.keep_only(model.tokenizer for model in (pair.target, pair.draft) if model is not None)
     for runner in (pair.target_runner, pair.draft_runner):
         if runner is not None and runner.warm_up_message:
             report(runner.warm_up_message, None)
