@@ -83,9 +83,9 @@ def trim() -> None:
 def in_use_bytes() -> int | None:
     """What the C heap has handed out and not had back: the blocks in use in its arenas and
     those mapped on their own. Resident memory also counts the free blocks glibc keeps between
-    live ones, which settle ~40 MB over a soak's first ~200 replies while this grows ~1.3 MB per
-    100, in bounded caches (docs/BENCHMARKS.md); a leak raises both. None where glibc's
-    mallinfo2 (2.33 and later) is missing."""
+    live ones, which settle ~15 MB over a soak's first ~100 replies (its pair switches) while
+    this grows ~1 MB per 100, in bounded caches (docs/BENCHMARKS.md); a leak raises both. None
+    where glibc's mallinfo2 (2.33 and later) is missing."""
     mallinfo2 = getattr(_glibc(), "mallinfo2", None)
     if mallinfo2 is None:
         return None
