@@ -22,7 +22,10 @@ _shelf: dict[tuple, Any] = {}
 def tokenizer_for(folder: Path, read: Callable[[Path], Any]) -> Any:
     """The tokenizer in `folder`: the one read before while no file there changed, else
     `read(folder)`'s, kept for the next load."""
-    key = _files_key(folder)
+    try:
+        key = _files_key(folder)
+    except OSError:
+        return read(folder)  # a folder that cannot be listed: the read says why, as it would have
     with _lock:
         if key in _shelf:
             return _shelf[key]

@@ -101,3 +101,8 @@ def test_a_tokenizer_that_fails_to_read_is_not_shelved(tmp_path, reads):
             models._load_tokenizer(broken)
 
     assert reads == [broken, broken]
+
+
+def test_a_missing_folder_is_refused_in_the_reads_own_words(tmp_path, reads):
+    with pytest.raises(models.ModelLoadError, match="Could not read the tokenizer"):
+        models._load_tokenizer(tmp_path / "gone")
