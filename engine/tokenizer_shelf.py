@@ -1,9 +1,9 @@
 """Tokenizers kept from one pair's load to the next.
 
 Pairs often share a model: the demo pair and its n-gram twin, one target with another drafter.
-Switching between them read the shared model's tokenizer again, ~0.1 s and ~22 MB of small
-blocks for SmolLM2's, freed at the old pair's close and allocated again between blocks that
-outlived it: over a soak's pair switches those holes kept ~30 MB more resident
+Switching between them read the shared model's tokenizer again, ~0.1 s and 10-22 MB of small
+blocks for the demo's two, freed at the old pair's close and allocated again between blocks
+that outlived it: over a soak's pair switches those holes kept ~30 MB more resident
 (docs/BENCHMARKS.md). The shelf hands back the tokenizer already read while its folder's
 files are unchanged, and keeps only what the loaded pair uses, so an idle process holds no
 tokenizer it would not hold anyway.
