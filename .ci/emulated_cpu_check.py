@@ -1,5 +1,5 @@
-"""Run first by .ci/emulated-intel: that its test processes do run as the emulated Intel CPU,
-so that the tests after them check what they are said to check."""
+"""Run with the tests by .ci/emulated-intel: that its test processes do run as the emulated
+Intel CPU. A failure here says the run's other results are not the emulated CPU's."""
 import os
 
 from engine.runtime import cpu, int8_kernel
